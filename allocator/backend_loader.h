@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/backend_loader.h - choosing and loading the backend (the ABI is
+ * include/emm/emm_backend.h). A name without a slash ("driver", "hostsim")
+ * is a built-in: first libemm-backend-NAME.so beside libemm.so, else the copy
+ * compiled into libemm. A name with a slash is a path to dlopen. The version
+ * is negotiated; a missing entry symbol, a refused or too-old version, or a
+ * table without its required methods is an error with a clear message.
+ */
+#ifndef EMM_ALLOCATOR_BACKEND_LOADER_H
+#define EMM_ALLOCATOR_BACKEND_LOADER_H
+
+#include "emm/emm_backend.h"
+
+struct emm_backend_loaded {
+	const struct emm_backend *table;
+	uint32_t version;	/* negotiated */
+	void *dl_handle;	/* NULL for a compiled-in backend */
+	char path[512];		/* where it came from ("built-in" for compiled-in) */
+};
+
+/* 0, or -ENOENT (not found), -ENOTSUP (version), -EINVAL (bad table). The
+ * reason is logged with emm_error. */
+int emm_backend_load(const char *name, struct emm_backend_loaded *ret);
+
+/* Compiled-in entry functions (allocator/backends/<name>.c built with
+ * -DEMM_BACKEND_BUILTIN). */
+int emm_backend_builtin_driver(uint32_t *inout_version, const struct emm_backend **ret_table);
+int emm_backend_builtin_hostsim(uint32_t *inout_version, const struct emm_backend **ret_table);
+
+#endif

@@ -1,0 +1,195 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/heap.h - the caching allocator for one memory space: the device
+ * memory of one CUDA context, or the pinned host memory of one flag set.
+ *
+ * This is the contract interpose/ codes against. The allocator knows nothing
+ * of symbol names, CUDA types or environment variables: memory comes from a
+ * segment source (a backend instance), completion markers from fence ops
+ * (the real driver's events, or a test double), and policy from params.
+ *
+ * Pools: requests up to params.small_max go to the small pool, carved from
+ * params.small_segment segments; larger requests go to the large pool
+ * (segments of params.large_segment for requests below 10 MiB... see
+ * emm_heap_segment_size, else the request rounded to params.large_round).
+ * Sizes round to 512 B (or power-of-two divisions). Free blocks live in
+ * best-fit trees keyed by (stream, size, address); neighbours coalesce.
+ *
+ * Free blocks are in one of three states:
+ *   ready-any      - reusable by any allocation (its fences completed);
+ *   ready-stream S - freed with a stream-ordered free on S: reusable at once
+ *                    by stream-ordered allocations on S, by others only after
+ *                    a marker recorded on S completes or is waited on;
+ *   pending        - freed, waiting on a fence (an epoch of synchronous frees
+ *                    or an event); out of reach of every allocation until the
+ *                    fence completes.
+ *
+ * Stream keys (emm_stream_t): EMM_STREAM_SYNC for synchronous calls
+ * (cuMemAlloc/cuMemFree carry no stream), EMM_STREAM_LEGACY for the legacy
+ * default stream, a per-thread default stream is (thread_index << 8) | 2,
+ * any other stream is its CUstream handle value. Only streams announced with
+ * emm_heap_stream_created(..., nonblocking=true) are treated as non-blocking;
+ * every other key is blocking-class (ordered by the legacy stream).
+ *
+ * Thread safety: every function may be called from any thread concurrently.
+ * Errors are negative errno values; out-parameters are untouched on failure.
+ */
+#ifndef EMM_ALLOCATOR_HEAP_H
+#define EMM_ALLOCATOR_HEAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "emm/emm.h"
+
+typedef uint64_t emm_addr_t;
+typedef uint64_t emm_stream_t;
+typedef struct emm_heap emm_heap_t;
+
+#define EMM_STREAM_SYNC ((emm_stream_t)0)
+#define EMM_STREAM_LEGACY ((emm_stream_t)1)
+#define EMM_STREAM_PER_THREAD_KEY(thread_index) ((((emm_stream_t)(thread_index)) << 8) | 2u)
+#define EMM_STREAM_IS_PER_THREAD(s) (((s) & 0xffu) == 2u)
+
+#define EMM_MIN_BLOCK 512u
+
+/* What a synchronous free (no stream) does before the block may be reused. */
+enum emm_free_mode {
+	EMM_FREE_MODE_FENCE,  /* default: epoch fences, never a host wait on the fast path */
+	EMM_FREE_MODE_STRICT, /* wait like the real cuMemFree: device sync, then reusable */
+	EMM_FREE_MODE_STREAM, /* trust stream order (PyTorch's assumption): reusable at once */
+};
+
+struct emm_heap_params {
+	size_t small_max;	     /* requests <= this use the small pool (1 MiB) */
+	size_t small_segment;	     /* small-pool segment size (2 MiB) */
+	size_t large_segment;	     /* segment for large requests < large_segment/2 (20 MiB) */
+	size_t large_round;	     /* other large segments round up to this (2 MiB) */
+	size_t max_split;	     /* cached blocks >= this are never split (SIZE_MAX: no limit) */
+	size_t max_nosplit_slack;    /* an unsplittable block serves requests up to this much smaller (20 MiB) */
+	unsigned roundup_divisions;  /* 0: round to 512 B; N (power of 2): N steps per power of two */
+	size_t release_threshold;    /* idle reserved bytes above this go back (SIZE_MAX: keep all) */
+	bool oom_retry;		     /* on backend failure release idle segments and retry once */
+	enum emm_free_mode free_mode;
+	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (16) */
+	size_t epoch_max_bytes;	     /* ... or this many bytes (64 MiB) */
+};
+
+/* Where segments come from: a backend instance, seen through two calls. */
+struct emm_segment_source {
+	void *state;
+	int (*alloc)(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr);
+	int (*free)(void *state, emm_addr_t addr, size_t size, emm_stream_t stream);
+};
+
+/*
+ * Completion markers, supplied by the embedder (interpose/ maps them to
+ * cuEventRecord/cuEventQuery/cuStreamWaitEvent/cuEventSynchronize on the
+ * context's streams; tests use a double with delayed completion). A NULL
+ * fence-ops pointer means "there is no asynchronous work": every fence is
+ * complete at once (host simulation).
+ */
+struct emm_fence_ops {
+	void *ctx;
+	/* Record a marker on `stream` (never EMM_STREAM_SYNC). */
+	int (*record)(void *ctx, emm_stream_t stream, uint64_t *ret_event);
+	/* 0: complete; -EBUSY: not yet; other negative errno: failure. */
+	int (*query)(void *ctx, uint64_t event);
+	/* Make later work on `stream` wait for `event`, without a host wait. */
+	int (*stream_wait)(void *ctx, emm_stream_t stream, uint64_t event);
+	/* Block the host until `event` completes. */
+	int (*synchronize)(void *ctx, uint64_t event);
+	/* The event is no longer needed. */
+	void (*release)(void *ctx, uint64_t event);
+	/* Block the host until all work on the device completes (strict mode). */
+	int (*device_synchronize)(void *ctx);
+	/* True if recording on / querying for `stream` is forbidden now because
+	 * of stream capture (EMM_STREAM_SYNC: is any global capture active). */
+	bool (*capturing)(void *ctx, emm_stream_t stream);
+};
+
+/* The live block containing an address. */
+struct emm_block_range {
+	emm_addr_t base;	 /* start of the block the program was given */
+	size_t size;		 /* its rounded size */
+	size_t requested;	 /* what the program asked for */
+	emm_addr_t segment_base; /* the backend segment behind it */
+	size_t segment_size;
+	emm_heap_t *heap;
+};
+
+void emm_heap_params_default(struct emm_heap_params *params);
+
+/* The size a request is rounded to (>= 512, multiple of 512). 0 for 0. */
+size_t emm_heap_round_size(const struct emm_heap_params *params, size_t size);
+
+/* The segment size the heap asks the backend for to serve `rounded`. */
+size_t emm_heap_segment_size(const struct emm_heap_params *params, size_t rounded);
+
+/*
+ * Create a heap. `device` is recorded for statistics (-2 for pinned host).
+ * params, src and fence are copied; fence may be NULL.
+ */
+int emm_heap_create(const struct emm_heap_params *params, const struct emm_segment_source *src,
+		    const struct emm_fence_ops *fence, int device, emm_heap_t **ret_heap);
+
+/*
+ * Destroy a heap. With release_segments, idle and live segments go back to
+ * the source (pending fences are synchronized first); without it (context
+ * already destroyed, driver gone) nothing is called and the memory is simply
+ * forgotten. Live blocks are dropped from the pointer map either way, so a
+ * later free of one returns -ENOENT.
+ */
+void emm_heap_destroy(emm_heap_t *heap, bool release_segments);
+
+/*
+ * Allocate `size` bytes for use on `stream` (EMM_STREAM_SYNC: unknown, any
+ * stream). -EINVAL for size 0, -ENOMEM when the source is exhausted (after
+ * the OOM retry), -EOVERFLOW for sizes too large to round.
+ */
+int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_t *ret_addr);
+
+/*
+ * Free the block starting at `addr`, from whichever heap owns it. `stream`
+ * is EMM_STREAM_SYNC for a synchronous free. Returns 0 and the block's
+ * requested size; -ENOENT if no heap knows the address (not ours: the caller
+ * forwards it to the driver); -EINVAL if it lies inside libemm's memory but
+ * is not the start of a live block (double free, interior pointer).
+ */
+int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested);
+
+/* The live block containing `addr` (interior pointers allowed); -ENOENT. */
+int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
+
+/* Stream lifecycle, so epochs know the live non-blocking streams. */
+void emm_heap_stream_created(emm_heap_t *heap, emm_stream_t stream, bool nonblocking);
+/* The stream is being destroyed: its ready-stream blocks become fenced by
+ * a marker recorded on it now (or ready-any if nothing can be recorded). */
+void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream);
+
+/* Close the open epoch now and move completed fences to ready (sync points,
+ * capture end). */
+int emm_heap_flush(emm_heap_t *heap);
+
+/* Return idle segments to the source until at most `keep` idle bytes remain.
+ * Returns bytes released (>= 0) or a negative errno. */
+long long emm_heap_release_idle(emm_heap_t *heap, size_t keep);
+
+/* Add this heap's counters into *out (fields are summed; peaks summed too). */
+void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out);
+
+/* Largest free block and total idle bytes (for OOM reports, cuMemGetInfo). */
+void emm_heap_idle_info(emm_heap_t *heap, size_t *ret_idle_bytes, size_t *ret_largest_free);
+
+int emm_heap_device(const emm_heap_t *heap);
+
+/*
+ * Walk every segment and verify: blocks tile the segment, neighbour links
+ * agree, no two adjacent free blocks of the same state and stream, every
+ * free block is in exactly the right tree or fence list, counters match.
+ * Returns 0, or -EFAULT after logging the first violation.
+ */
+int emm_heap_check(emm_heap_t *heap);
+
+#endif

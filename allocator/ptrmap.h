@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/ptrmap.h - process-wide maps from addresses to allocator objects.
+ *
+ * The block map answers "is this exact pointer the start of a live block of
+ * ours?" on every free: a sharded open-addressing hash table, one lock per
+ * shard, so threads freeing different pointers rarely meet.
+ *
+ * The segment map answers "does this address lie inside any segment of
+ * ours?" for interior pointers and double frees (which must be refused, not
+ * forwarded to the driver, because the driver would free our whole segment
+ * or report a different error), and for address-range queries. Reads take a
+ * shared lock; segments change rarely.
+ */
+#ifndef EMM_ALLOCATOR_PTRMAP_H
+#define EMM_ALLOCATOR_PTRMAP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Block map: addr -> opaque value (a struct emm_block *). */
+int emm_blockmap_insert(uint64_t addr, void *value);	 /* -EEXIST, -ENOMEM */
+void *emm_blockmap_take(uint64_t addr);			 /* remove and return, or NULL */
+void *emm_blockmap_get(uint64_t addr);			 /* lookup, or NULL */
+size_t emm_blockmap_count(void);
+
+/* Segment map: [base, base+size) -> opaque value (a struct emm_segment *). */
+int emm_segmap_insert(uint64_t base, size_t size, void *value); /* -EEXIST on overlap, -ENOMEM */
+void *emm_segmap_remove(uint64_t base);				/* NULL if absent */
+/* The segment containing addr: 0 and base/size/value, or -ENOENT. */
+int emm_segmap_find(uint64_t addr, uint64_t *ret_base, size_t *ret_size, void **ret_value);
+
+/* Forget everything without freeing values (fork child). */
+void emm_ptrmap_reset(void);
+
+#endif

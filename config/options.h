@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * config/options.h - every EMM_* environment variable, in one table.
+ *
+ * The table (config/options.c) has one row per option: name (without the
+ * EMM_ prefix), type, default, unit, one-line description. Parsing follows
+ * one grammar: booleans 1/true/yes/on and 0/false/no/off (any case); sizes
+ * as a number with an optional K/M/G/T suffix, optional "iB"/"B" (binary:
+ * 1K = 1024), or "unlimited"/"none" where the row allows it; unsigned
+ * integers in a range; enums by name. A bad value prints one
+ * "emm: warning:" line naming the variable and the accepted form, and the
+ * default is kept. An unknown EMM_* variable gets a warning naming the
+ * nearest known one.
+ *
+ * Nothing outside config/ reads the environment for EMM_* variables.
+ */
+#ifndef EMM_CONFIG_OPTIONS_H
+#define EMM_CONFIG_OPTIONS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+enum emm_opt_free_mode {
+	EMM_OPT_FREE_FENCE,
+	EMM_OPT_FREE_STRICT,
+	EMM_OPT_FREE_STREAM,
+};
+
+enum emm_option_source {
+	EMM_OPTION_DEFAULT, /* the table's default */
+	EMM_OPTION_ENV,	    /* set from the environment */
+	EMM_OPTION_INVALID, /* the environment had a bad value: default kept */
+};
+
+/* The resolved settings. Read-only after emm_options_get() returns them. */
+struct emm_options {
+	bool disable;		   /* EMM_DISABLE: pure pass-through */
+	unsigned verbose;	   /* EMM_VERBOSE: 0 quiet, 1 settings + warnings, 2 debug */
+	bool stats;		   /* EMM_STATS: print statistics at exit */
+	char log_file[256];	   /* EMM_LOG: CSV event trace path ("" = off) */
+	char backend[256];	   /* EMM_BACKEND: built-in name or path ("driver") */
+	char backend_options[256]; /* EMM_BACKEND_OPTIONS: passed to the backend */
+	size_t small_size;	   /* EMM_SMALL_SIZE: small-pool threshold (1M) */
+	size_t small_segment;	   /* EMM_SMALL_SEGMENT (2M) */
+	size_t large_segment;	   /* EMM_LARGE_SEGMENT (20M) */
+	size_t large_round;	   /* EMM_LARGE_ROUND (2M) */
+	size_t max_split;	   /* EMM_MAX_SPLIT (unlimited = SIZE_MAX) */
+	unsigned roundup_divisions; /* EMM_ROUNDUP_DIVISIONS (0 = off; power of 2 <= 64) */
+	size_t release_threshold;  /* EMM_RELEASE_THRESHOLD (unlimited = SIZE_MAX) */
+	bool oom_retry;		   /* EMM_OOM_RETRY (on) */
+	enum emm_opt_free_mode free_mode; /* EMM_FREE_MODE: fence|strict|stream */
+	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (16) */
+	size_t epoch_bytes;	   /* EMM_EPOCH_BYTES (64M) */
+	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */
+	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
+	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
+};
+
+/* Row ids, in table order. */
+enum emm_option_id {
+	EMM_OPT_DISABLE,
+	EMM_OPT_VERBOSE,
+	EMM_OPT_STATS,
+	EMM_OPT_LOG,
+	EMM_OPT_BACKEND,
+	EMM_OPT_BACKEND_OPTIONS,
+	EMM_OPT_SMALL_SIZE,
+	EMM_OPT_SMALL_SEGMENT,
+	EMM_OPT_LARGE_SEGMENT,
+	EMM_OPT_LARGE_ROUND,
+	EMM_OPT_MAX_SPLIT,
+	EMM_OPT_ROUNDUP_DIVISIONS,
+	EMM_OPT_RELEASE_THRESHOLD,
+	EMM_OPT_OOM_RETRY,
+	EMM_OPT_FREE_MODE,
+	EMM_OPT_EPOCH_BLOCKS,
+	EMM_OPT_EPOCH_BYTES,
+	EMM_OPT_MEMINFO_CACHED,
+	EMM_OPT_PINNED,
+	EMM_OPT_RUNTIME_SHIMS,
+	EMM_OPT__COUNT
+};
+
+/*
+ * Parse an environment (NULL-terminated "NAME=value" strings) into *out,
+ * recording each option's source in sources[] (may be NULL). Warnings go
+ * through emm_warn. Never fails: bad values keep defaults.
+ */
+void emm_options_parse(char *const *envp, struct emm_options *out, enum emm_option_source *sources);
+
+/* The process's settings: parsed from environ once, thread-safely, on first
+ * call. */
+const struct emm_options *emm_options_get(void);
+
+/* Print version-independent "emm: NAME = value (source)" lines, one per
+ * option, through emm_info. */
+void emm_options_print(const struct emm_options *opts, const enum emm_option_source *sources);
+
+/* The source of each option of emm_options_get()'s settings. */
+const enum emm_option_source *emm_options_sources(void);
+
+/* Write the options as a Markdown table (README's "Options" section is
+ * checked against this output by a test). */
+void emm_options_write_markdown(FILE *out);
+
+/* Parse helpers, exposed for tests. 0 or -EINVAL; *ret untouched on error. */
+int emm_parse_bool(const char *s, bool *ret);
+int emm_parse_size(const char *s, bool allow_unlimited, size_t *ret);
+int emm_parse_uint(const char *s, unsigned min, unsigned max, unsigned *ret);
+
+#endif

@@ -1,0 +1,3 @@
+/* SPDX-License-Identifier: MIT */
+/* placeholder: being written */
+typedef int emm_placeholder_interpose_shims_runtime_c;
