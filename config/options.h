@@ -109,4 +109,15 @@ int emm_parse_bool(const char *s, bool *ret);
 int emm_parse_size(const char *s, bool allow_unlimited, size_t *ret);
 int emm_parse_uint(const char *s, unsigned min, unsigned max, unsigned *ret);
 
+/* emm_options_parse with the secure mode given instead of read from
+ * getauxval(AT_SECURE): when `secure`, EMM_BACKEND and EMM_LOG are ignored
+ * with a warning (a setuid program must not dlopen or write where its
+ * invoker says). For tests. */
+void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum emm_option_source *sources,
+			      bool secure);
+
+/* An option's name without the EMM_ prefix ("SMALL_SIZE"); NULL when `id`
+ * is out of range. */
+const char *emm_option_name(enum emm_option_id id);
+
 #endif
