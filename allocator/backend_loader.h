@@ -23,6 +23,10 @@ struct emm_backend_loaded {
  * reason is logged with emm_error. */
 int emm_backend_load(const char *name, struct emm_backend_loaded *ret);
 
+/* dlclose a backend loaded from a file and clear *loaded (tests; libemm
+ * itself keeps its backend for the life of the process). */
+void emm_backend_unload(struct emm_backend_loaded *loaded);
+
 /* Compiled-in entry functions (allocator/backends/<name>.c built with
  * -DEMM_BACKEND_BUILTIN). */
 int emm_backend_builtin_driver(uint32_t *inout_version, const struct emm_backend **ret_table);

@@ -74,6 +74,8 @@ struct emm_heap_params {
 	enum emm_free_mode free_mode;
 	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (16) */
 	size_t epoch_max_bytes;	     /* ... or this many bytes (64 MiB) */
+	unsigned arenas;	     /* small-pool arenas, threads spread over them (0: one per CPU, <= 8;
+				      * rounded down to a power of two); the large pool is shared */
 };
 
 /* Where segments come from: a backend instance, seen through two calls. */
@@ -162,7 +164,9 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested);
 /* The live block containing `addr` (interior pointers allowed); -ENOENT. */
 int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
 
-/* Stream lifecycle, so epochs know the live non-blocking streams. */
+/* Stream lifecycle, so epochs know the live non-blocking streams. For a
+ * non-blocking stream this also makes it wait (fence->stream_wait, on the
+ * GPU) on emm_heap_last_fence's event, atomically with the announcement. */
 void emm_heap_stream_created(emm_heap_t *heap, emm_stream_t stream, bool nonblocking);
 /* The stream is being destroyed: its ready-stream blocks become fenced by
  * a marker recorded on it now (or ready-any if nothing can be recorded). */
@@ -183,6 +187,18 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out);
 void emm_heap_idle_info(emm_heap_t *heap, size_t *ret_idle_bytes, size_t *ret_largest_free);
 
 int emm_heap_device(const emm_heap_t *heap);
+
+/*
+ * The event recorded on the legacy stream by the most recent epoch close,
+ * or -ENOENT if none (or the fence ops are NULL). When an epoch closes while
+ * no non-blocking stream is live, its blocks become ready-any at once: the
+ * legacy event orders every later use on blocking and per-thread streams.
+ * Each newly created non-blocking stream must wait on this event:
+ * emm_heap_stream_created(..., true) does that itself, under the heap lock.
+ * The heap owns the event; it stays valid only until the next epoch close
+ * or heap destroy, so this is for diagnostics and tests.
+ */
+int emm_heap_last_fence(emm_heap_t *heap, uint64_t *ret_event);
 
 /*
  * Walk every segment and verify: blocks tile the segment, neighbour links

@@ -1,3 +1,314 @@
 /* SPDX-License-Identifier: MIT */
-/* placeholder: being written */
-typedef int emm_placeholder_allocator_ptrmap_c;
+/*
+ * allocator/ptrmap.c - the block map: exact block start address -> block.
+ *
+ * On the path of every allocation (insert) and every free (take), so it is
+ * built for the uncontended single-thread case first and for many threads
+ * second:
+ *
+ *   - 256 shards, each one cache-line aligned struct with its own spinlock
+ *     and table. The shard is picked by a hash of the 256 KiB region of the
+ *     address (addr >> 18), the slot inside it by a hash of addr >> 9
+ *     (blocks are at least 512 B apart). Region sharding keeps a thread
+ *     that works on its own segments (a stream's blocks, a thread's large
+ *     allocations) on its own shards and cache lines. Measured on a
+ *     16-core host (tests/backends/bench-ptrmap), per insert+take pair at
+ *     16 threads: picking one of 64 shards by addr >> 9 (so every thread
+ *     touches every shard) cost 223 ns with each thread on its own
+ *     segments and 316 ns with blocks interleaved in shared segments; this
+ *     layout costs about 40 ns and 145 ns. One thread: 25-50 ns either way.
+ *   - Each table uses linear probing and backward-shift deletion (no
+ *     tombstones, so probe lengths stay short however many inserts and
+ *     takes have happened). Key 0 marks an empty slot; address 0 is never
+ *     a block.
+ *   - Tables start in static storage and double (calloc) above 3/4 load.
+ *     They never shrink, not even on reset: once a program's working set
+ *     has been seen, insert and take allocate nothing.
+ *
+ * The lock is a test-and-test-and-set spinlock: critical sections are a
+ * handful of loads and stores, except for the rare doubling, during which a
+ * waiter yields the CPU instead of burning it.
+ */
+#include "allocator/ptrmap.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/compiler.h"
+
+#define SHARD_BITS          8
+#define SHARD_COUNT         (1u << SHARD_BITS)
+#define SHARD_REGION_SHIFT  18  /* 256 KiB regions pick the shard */
+#define SHARD_INITIAL_SLOTS 64u /* power of two */
+#define SPINS_BEFORE_YIELD  128
+
+struct slot {
+	uint64_t key; /* 0: empty */
+	void *value;
+};
+
+struct shard {
+	atomic_int lock;
+	uint32_t mask;          /* slots - 1 */
+	_Atomic uint32_t count; /* written under the lock, read racily by emm_blockmap_count */
+	struct slot *slots;
+	struct slot initial[SHARD_INITIAL_SLOTS];
+} __attribute__((aligned(64)));
+
+static struct shard shards[SHARD_COUNT];
+
+static inline uint64_t mix64(uint64_t x)
+{
+	/* murmur3's finaliser, first half */
+	x ^= x >> 33;
+	x *= UINT64_C(0xff51afd7ed558ccd);
+	x ^= x >> 33;
+	return x;
+}
+
+/* Picks the home slot inside a shard. */
+static inline uint64_t hash_addr(uint64_t addr)
+{
+	return mix64(addr >> 9);
+}
+
+static inline struct shard *shard_of(uint64_t addr)
+{
+	return &shards[mix64(addr >> SHARD_REGION_SHIFT) >> (64 - SHARD_BITS)];
+}
+
+static void shard_lock_slow(struct shard *s)
+{
+	for (int spins = 0;; spins++) {
+		if (atomic_load_explicit(&s->lock, memory_order_relaxed) == 0 &&
+		    !atomic_exchange_explicit(&s->lock, 1, memory_order_acquire))
+			return;
+		if (spins < SPINS_BEFORE_YIELD) {
+#if defined(__x86_64__) || defined(__i386__)
+			__builtin_ia32_pause();
+#elif defined(__aarch64__)
+			__asm__ __volatile__("yield");
+#endif
+		} else {
+			sched_yield();
+		}
+	}
+}
+
+static inline void shard_lock(struct shard *s)
+{
+	if (EMM_LIKELY(!atomic_exchange_explicit(&s->lock, 1, memory_order_acquire)))
+		return;
+	shard_lock_slow(s);
+}
+
+static inline void shard_unlock(struct shard *s)
+{
+	atomic_store_explicit(&s->lock, 0, memory_order_release);
+}
+
+/* Points an unused shard at its static table; called lazily (a static
+ * struct cannot point into itself in an initializer portably per shard). */
+static inline void shard_ensure_init(struct shard *s)
+{
+	if (EMM_UNLIKELY(s->slots == NULL)) {
+		s->slots = s->initial;
+		s->mask = SHARD_INITIAL_SLOTS - 1;
+	}
+}
+
+/*
+ * A grown table is one calloc'd block: a header slot holding the table's
+ * slot count, then the slots. So the pointer alone tells the size, and a
+ * fork child (emm_blockmap_reset) can reuse whatever table its shard points
+ * to without trusting `mask`, which the parent may have been updating.
+ */
+static struct slot *table_alloc(size_t nslots)
+{
+	struct slot *block = calloc(nslots + 1, sizeof(*block));
+
+	if (!block)
+		return NULL;
+	block[0].key = nslots;
+	return block + 1;
+}
+
+static size_t table_slots(const struct shard *s, const struct slot *slots)
+{
+	return slots == s->initial ? SHARD_INITIAL_SLOTS : (size_t)slots[-1].key;
+}
+
+/* The slot holding key, or the empty slot where it would go. */
+static inline size_t table_probe(const struct slot *slots, uint32_t mask, uint64_t hash, uint64_t key)
+{
+	size_t i = (size_t)hash & mask;
+
+	while (slots[i].key != 0 && slots[i].key != key)
+		i = (i + 1) & mask;
+	return i;
+}
+
+static inline size_t shard_probe(const struct shard *s, uint64_t hash, uint64_t key)
+{
+	return table_probe(s->slots, s->mask, hash, key);
+}
+
+static int shard_grow(struct shard *s)
+{
+	size_t old_slots = (size_t)s->mask + 1;
+	size_t new_slots = old_slots * 2;
+	uint32_t new_mask = (uint32_t)(new_slots - 1);
+	struct slot *old = s->slots;
+	struct slot *table;
+
+	if (new_slots > UINT32_MAX)
+		return -ENOMEM;
+	table = table_alloc(new_slots);
+	if (!table)
+		return -ENOMEM;
+	for (size_t i = 0; i < old_slots; i++) {
+		if (old[i].key != 0)
+			table[table_probe(table, new_mask, hash_addr(old[i].key), old[i].key)] = old[i];
+	}
+	/* Publish only the finished table (see table_alloc). */
+	__atomic_store_n(&s->slots, table, __ATOMIC_RELEASE);
+	s->mask = new_mask;
+	if (old != s->initial)
+		free(old - 1);
+	return 0;
+}
+
+int emm_blockmap_insert(uint64_t addr, void *value)
+{
+	uint64_t hash = hash_addr(addr);
+	struct shard *s = shard_of(addr);
+	uint32_t count;
+	size_t i;
+	int ret = 0;
+
+	if (addr == 0 || value == NULL)
+		return -EINVAL;
+
+	shard_lock(s);
+	shard_ensure_init(s);
+	i = shard_probe(s, hash, addr);
+	if (s->slots[i].key == addr) {
+		ret = -EEXIST;
+		goto out;
+	}
+	count = atomic_load_explicit(&s->count, memory_order_relaxed);
+	/* Keep the load at or below 3/4 after this insert. */
+	if (EMM_UNLIKELY(((size_t)count + 1) * 4 > ((size_t)s->mask + 1) * 3)) {
+		ret = shard_grow(s);
+		if (ret < 0)
+			goto out;
+		i = shard_probe(s, hash, addr);
+	}
+	s->slots[i].key = addr;
+	s->slots[i].value = value;
+	atomic_store_explicit(&s->count, count + 1, memory_order_relaxed);
+out:
+	shard_unlock(s);
+	return ret;
+}
+
+/* Empties slot i and shifts later members of its cluster back, so every key
+ * stays reachable from its home slot without tombstones. */
+static void shard_remove_at(struct shard *s, size_t i)
+{
+	size_t j = i;
+
+	for (;;) {
+		size_t home;
+
+		j = (j + 1) & s->mask;
+		if (s->slots[j].key == 0)
+			break;
+		home = (size_t)hash_addr(s->slots[j].key) & s->mask;
+		/* Move j into the hole at i unless its home lies cyclically in (i, j]. */
+		if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
+			s->slots[i] = s->slots[j];
+			i = j;
+		}
+	}
+	s->slots[i].key = 0;
+	s->slots[i].value = NULL;
+}
+
+/* Looks addr up under its shard's lock; with `remove`, takes it out. */
+static void *blockmap_find(uint64_t addr, bool remove)
+{
+	struct shard *s = shard_of(addr);
+	void *value = NULL;
+	size_t i;
+
+	if (addr == 0)
+		return NULL;
+
+	shard_lock(s);
+	if (s->slots != NULL) {
+		i = shard_probe(s, hash_addr(addr), addr);
+		if (s->slots[i].key == addr) {
+			value = s->slots[i].value;
+			if (remove) {
+				shard_remove_at(s, i);
+				atomic_store_explicit(
+				    &s->count, atomic_load_explicit(&s->count, memory_order_relaxed) - 1,
+				    memory_order_relaxed);
+			}
+		}
+	}
+	shard_unlock(s);
+	return value;
+}
+
+void *emm_blockmap_take(uint64_t addr)
+{
+	return blockmap_find(addr, true);
+}
+
+void *emm_blockmap_get(uint64_t addr)
+{
+	return blockmap_find(addr, false);
+}
+
+size_t emm_blockmap_count(void)
+{
+	size_t n = 0;
+
+	for (unsigned i = 0; i < SHARD_COUNT; i++)
+		n += atomic_load_explicit(&shards[i].count, memory_order_relaxed);
+	return n;
+}
+
+void emm_blockmap_reset(void)
+{
+	/*
+	 * In a fork child another (now nonexistent) thread may have held a
+	 * shard lock, even in the middle of doubling a table. Take no lock:
+	 * empty whichever table each shard points to (always a complete one,
+	 * see shard_grow), keep its size, and free the lock. A table being
+	 * replaced at the moment of the fork is simply not freed here.
+	 */
+	for (unsigned i = 0; i < SHARD_COUNT; i++) {
+		struct shard *s = &shards[i];
+		struct slot *slots = s->slots ? s->slots : s->initial;
+		size_t nslots = table_slots(s, slots);
+
+		memset(slots, 0, nslots * sizeof(*slots));
+		s->slots = slots;
+		s->mask = (uint32_t)(nslots - 1);
+		atomic_store_explicit(&s->count, 0, memory_order_relaxed);
+		atomic_store_explicit(&s->lock, 0, memory_order_release);
+	}
+}
+
+void emm_ptrmap_reset(void)
+{
+	emm_blockmap_reset();
+	emm_segmap_reset();
+}

@@ -19,16 +19,21 @@
 #include <stdint.h>
 
 /* Block map: addr -> opaque value (a struct emm_block *). */
-int emm_blockmap_insert(uint64_t addr, void *value);	 /* -EEXIST, -ENOMEM */
+int emm_blockmap_insert(uint64_t addr, void *value);	 /* -EEXIST, -ENOMEM, -EINVAL (0/NULL) */
 void *emm_blockmap_take(uint64_t addr);			 /* remove and return, or NULL */
 void *emm_blockmap_get(uint64_t addr);			 /* lookup, or NULL */
 size_t emm_blockmap_count(void);
+/* Forget every entry without taking a lock (part of emm_ptrmap_reset). */
+void emm_blockmap_reset(void);
 
 /* Segment map: [base, base+size) -> opaque value (a struct emm_segment *). */
 int emm_segmap_insert(uint64_t base, size_t size, void *value); /* -EEXIST on overlap, -ENOMEM */
 void *emm_segmap_remove(uint64_t base);				/* NULL if absent */
 /* The segment containing addr: 0 and base/size/value, or -ENOENT. */
 int emm_segmap_find(uint64_t addr, uint64_t *ret_base, size_t *ret_size, void **ret_value);
+size_t emm_segmap_count(void);
+/* Forget every segment and re-create the lock (part of emm_ptrmap_reset). */
+void emm_segmap_reset(void);
 
 /* Forget everything without freeing values (fork child). */
 void emm_ptrmap_reset(void);

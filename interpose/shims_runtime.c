@@ -1,3 +1,261 @@
 /* SPDX-License-Identifier: MIT */
-/* placeholder: being written */
-typedef int emm_placeholder_interpose_shims_runtime_c;
+/*
+ * interpose/shims_runtime.c - owns the runtime-API allocation entry points
+ * for programs linked to SHARED cudart (a static cudart binds inside the
+ * executable and never calls these; it is caught at the driver layer).
+ *
+ * The fast path serves the common case straight from the allocator: libemm
+ * enabled, EMM_RUNTIME_SHIMS on, valid arguments, a context current on this
+ * thread (so cudart has already made its primary context current, or the
+ * program made one), and for stream-ordered calls a stream that is not
+ * capturing. Everything else - the first call (cudart's lazy
+ * initialisation makes the context), every error (out of memory included),
+ * every pointer libemm did not hand out, NULL - goes to the real runtime
+ * function (the next definition after libemm). Its driver calls land in
+ * libemm's driver shims anyway, so the program gets cudart's own error
+ * codes and cudaGetLastError state, and nothing is counted twice: an
+ * allocation is counted (heap statistics, EMM_LOG trace) once, by whichever
+ * path served it. The fast path makes the same decisions as the driver shim
+ * would for cudart's driver call (same heap, stream key, capture test), so
+ * serving a call here never changes what the program gets, only how fast.
+ *
+ * Without a real runtime function to delegate to (cannot happen for a
+ * caller linked to shared cudart, whose definitions are found through
+ * RTLD_NEXT or among the loaded objects) a call the fast path cannot serve
+ * returns cudaErrorInitializationError: the runtime could not be set up.
+ *
+ * Pass-through only (the driver shims account them): cudaMallocPitch (the
+ * pitch is the device's), cudaMallocManaged, cudaHostRegister,
+ * cudaHostUnregister, cudaMemGetInfo.
+ */
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "allocator/heap.h"
+#include "allocator/trace.h"
+#include "common/compiler.h"
+#include "config/options.h"
+#include "interpose/real.h"
+#include "interpose/state.h"
+#include "interpose/state_priv.h"
+
+/* The per-thread-default-stream variants, declared by cuda_runtime_api.h
+ * only under --default-stream per-thread. */
+cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
+cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
+
+#define RUNTIME_MISSING cudaErrorInitializationError
+
+/* Forward to the next definition of `name`, typed as `type`. */
+#define DELEGATE(type, name, ...)                                           \
+	do {                                                                \
+		type real_ = (type)emm_real_runtime(name);                  \
+		return real_ ? real_(__VA_ARGS__) : RUNTIME_MISSING;        \
+	} while (0)
+
+typedef cudaError_t (*malloc_fn)(void **, size_t);
+typedef cudaError_t (*free_fn)(void *);
+typedef cudaError_t (*malloc_async_fn)(void **, size_t, cudaStream_t);
+typedef cudaError_t (*free_async_fn)(void *, cudaStream_t);
+typedef cudaError_t (*malloc_pitch_fn)(void **, size_t *, size_t, size_t);
+typedef cudaError_t (*host_alloc_fn)(void **, size_t, unsigned int);
+typedef cudaError_t (*host_register_fn)(void *, size_t, unsigned int);
+typedef cudaError_t (*mem_get_info_fn)(size_t *, size_t *);
+
+/* cudaHostAlloc flags the pinned heaps know (they equal cuMemHostAlloc's). */
+#define HOST_ALLOC_FLAGS (cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined)
+
+/* --- when the fast path may serve ------------------------------------------ */
+
+static bool fast_path_on(void)
+{
+	return emm_state_enabled() && emm_options_get()->runtime_shims;
+}
+
+/* A context is current on this thread (cudart has initialised it, or the
+ * program made one current itself). */
+static bool context_current(void)
+{
+	const struct emm_real_driver_table *real = emm_real_driver_table();
+	CUcontext ctx = NULL;
+
+	return real && real->cuCtxGetCurrent && real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
+}
+
+static void trace(enum emm_trace_action action, emm_addr_t addr, size_t size, const void *stream)
+{
+	if (emm_trace_enabled())
+		emm_trace_event(action, addr, size, (uint64_t)(uintptr_t)stream);
+}
+
+static bool serve_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const void *stream, void **ret_ptr)
+{
+	emm_addr_t addr;
+
+	if (emm_heap_alloc(heap, size, key, &addr) != 0)
+		return false;
+	trace(EMM_TRACE_ALLOCATE, addr, size, stream);
+	*ret_ptr = (void *)(uintptr_t)addr;
+	return true;
+}
+
+/* Device memory from the current context's heap (-ENODEV without a
+ * current context: cudart's first call, which makes one). */
+static bool fast_device_alloc(void **ret_ptr, size_t size, emm_stream_t key, const void *stream)
+{
+	emm_heap_t *heap;
+
+	return emm_state_current_heap(&heap) == 0 && serve_alloc(heap, size, key, stream, ret_ptr);
+}
+
+/* Pinned host memory of flag set `flags`, once cudart is initialised. */
+static bool fast_host_alloc(void **ret_ptr, size_t size, unsigned int flags)
+{
+	emm_heap_t *heap;
+
+	if (flags & ~(unsigned int)HOST_ALLOC_FLAGS)
+		return false;
+	return context_current() && emm_state_pinned_heap(flags, &heap) == 0 &&
+	       serve_alloc(heap, size, EMM_STREAM_SYNC, NULL, ret_ptr);
+}
+
+/*
+ * Free `ptr` if it is the start of a live libemm block of the right space
+ * (device or pinned host). False leaves it to the real runtime: not ours,
+ * interior, already freed (a racing double free loses here too), or the
+ * wrong kind of memory for this call - the driver shim then answers the
+ * driver's error, which cudart records.
+ */
+static bool fast_free(void *ptr, bool pinned, emm_stream_t key, const void *stream)
+{
+	struct emm_block_range range;
+	emm_addr_t addr = (emm_addr_t)(uintptr_t)ptr;
+	size_t requested = 0;
+
+	if (emm_heap_find_block(addr, &range) != 0 || range.base != addr)
+		return false;
+	if ((emm_heap_device(range.heap) == -2) != pinned)
+		return false;
+	if (emm_heap_free(addr, key, &requested) != 0)
+		return false;
+	trace(EMM_TRACE_FREE, addr, requested, stream);
+	return true;
+}
+
+/* --- device memory ------------------------------------------------------------- */
+
+EMM_EXPORT cudaError_t cudaMalloc(void **devPtr, size_t size)
+{
+	if (devPtr && size && fast_path_on() && fast_device_alloc(devPtr, size, EMM_STREAM_SYNC, NULL))
+		return cudaSuccess;
+	DELEGATE(malloc_fn, "cudaMalloc", devPtr, size);
+}
+
+EMM_EXPORT cudaError_t cudaFree(void *devPtr)
+{
+	/* cudaFree(NULL) is the idiom for "initialise the runtime". */
+	if (devPtr && fast_path_on() && fast_free(devPtr, false, EMM_STREAM_SYNC, NULL))
+		return cudaSuccess;
+	DELEGATE(free_fn, "cudaFree", devPtr);
+}
+
+/*
+ * Stream-ordered calls: a capturing stream (tracked by the driver shims'
+ * capture hooks) is left to cudart, whose driver call becomes a graph node
+ * or gets the driver shim's capture handling. The block comes from the
+ * current context's heap, as the driver shim serves it.
+ */
+static bool malloc_async_fast(void **devPtr, size_t size, cudaStream_t hStream, bool ptsz)
+{
+	CUstream stream = (CUstream)hStream;
+
+	return devPtr && size && fast_path_on() && !emm_state_stream_capturing(stream, ptsz) &&
+	       fast_device_alloc(devPtr, size, emm_state_stream_key(stream, ptsz), stream);
+}
+
+static bool free_async_fast(void *devPtr, cudaStream_t hStream, bool ptsz)
+{
+	CUstream stream = (CUstream)hStream;
+
+	return devPtr && fast_path_on() && !emm_state_stream_capturing(stream, ptsz) &&
+	       fast_free(devPtr, false, emm_state_stream_key(stream, ptsz), stream);
+}
+
+EMM_EXPORT cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream)
+{
+	if (malloc_async_fast(devPtr, size, hStream, false))
+		return cudaSuccess;
+	DELEGATE(malloc_async_fn, "cudaMallocAsync", devPtr, size, hStream);
+}
+
+EMM_EXPORT cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream)
+{
+	if (malloc_async_fast(devPtr, size, hStream, true))
+		return cudaSuccess;
+	DELEGATE(malloc_async_fn, "cudaMallocAsync_ptsz", devPtr, size, hStream);
+}
+
+EMM_EXPORT cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream)
+{
+	if (free_async_fast(devPtr, hStream, false))
+		return cudaSuccess;
+	DELEGATE(free_async_fn, "cudaFreeAsync", devPtr, hStream);
+}
+
+EMM_EXPORT cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
+{
+	if (free_async_fast(devPtr, hStream, true))
+		return cudaSuccess;
+	DELEGATE(free_async_fn, "cudaFreeAsync_ptsz", devPtr, hStream);
+}
+
+EMM_EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)
+{
+	DELEGATE(malloc_pitch_fn, "cudaMallocPitch", devPtr, pitch, width, height);
+}
+
+EMM_EXPORT cudaError_t cudaMallocManaged(void **devPtr, size_t size, unsigned int flags)
+{
+	DELEGATE(host_alloc_fn, "cudaMallocManaged", devPtr, size, flags);
+}
+
+EMM_EXPORT cudaError_t cudaMemGetInfo(size_t *free, size_t *total)
+{
+	DELEGATE(mem_get_info_fn, "cudaMemGetInfo", free, total);
+}
+
+/* --- pinned host memory ---------------------------------------------------------- */
+
+EMM_EXPORT cudaError_t cudaMallocHost(void **ptr, size_t size)
+{
+	if (ptr && size && fast_path_on() && fast_host_alloc(ptr, size, cudaHostAllocDefault))
+		return cudaSuccess;
+	DELEGATE(malloc_fn, "cudaMallocHost", ptr, size);
+}
+
+EMM_EXPORT cudaError_t cudaHostAlloc(void **pHost, size_t size, unsigned int flags)
+{
+	if (pHost && size && fast_path_on() && fast_host_alloc(pHost, size, flags))
+		return cudaSuccess;
+	DELEGATE(host_alloc_fn, "cudaHostAlloc", pHost, size, flags);
+}
+
+EMM_EXPORT cudaError_t cudaFreeHost(void *ptr)
+{
+	if (ptr && fast_path_on() && fast_free(ptr, true, EMM_STREAM_SYNC, NULL))
+		return cudaSuccess;
+	DELEGATE(free_fn, "cudaFreeHost", ptr);
+}
+
+EMM_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int flags)
+{
+	DELEGATE(host_register_fn, "cudaHostRegister", ptr, size, flags);
+}
+
+EMM_EXPORT cudaError_t cudaHostUnregister(void *ptr)
+{
+	DELEGATE(free_fn, "cudaHostUnregister", ptr);
+}

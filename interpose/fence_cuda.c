@@ -1,0 +1,373 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose/fence_cuda.c - the allocator's completion markers (struct
+ * emm_fence_ops, allocator/heap.h) over real CUDA events.
+ *
+ * Each context has a pool of events created with CU_EVENT_DISABLE_TIMING
+ * (the cheapest kind to record and query). A marker handed to the allocator
+ * is a pointer to a small struct cuda_fence { event, pool }; released markers
+ * go back to their pool's free list and are recorded again later, so steady
+ * state creates no events.
+ *
+ * Contexts: cuEventRecord needs an event of the stream's context, and the
+ * legacy stream (CU_STREAM_LEGACY) is the one of the current context, so
+ * record and device_synchronize make the pool's context current around the
+ * call when another one is current (emm_heap_release_idle and stream
+ * destruction can run with any context current). cuEventQuery,
+ * cuEventSynchronize and cuStreamWaitEvent take the event's context from the
+ * event itself. A marker recorded on a stream of another context (a
+ * cuMemFreeAsync on a foreign stream) takes its event from that context's
+ * pool.
+ *
+ * Pools are never freed: when a context is destroyed its pool is marked dead
+ * (the driver destroyed the events with it) and every marker of it reads as
+ * complete, so a marker that outlives its context is harmless. At exit
+ * (emm_state_exiting) nothing here calls the driver: record hands out the
+ * null marker 0, which every operation treats as complete.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "common/log.h"
+#include "interpose/state.h"
+#include "interpose/state_priv.h"
+
+struct cuda_fence {
+	CUevent event;
+	struct emm_fence_pool *pool;
+	struct cuda_fence *next; /* free list */
+};
+
+struct emm_fence_pool {
+	CUcontext ctx;
+	atomic_bool dead;
+	pthread_mutex_t lock;
+	struct cuda_fence *free_list;
+	struct emm_fence_pool *next; /* pool_list */
+};
+
+/* Live pools by context (dead ones are unlinked but stay allocated). */
+static pthread_mutex_t pool_list_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct emm_fence_pool *pool_list;
+
+/* --- making the pool's context current --------------------------------- */
+
+/* Make `ctx` current if it is not. Returns true if it pushed (pop later). */
+static bool ctx_enter(CUcontext ctx)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	const struct emm_state_real_extra *extra = emm_state_real_extra();
+	CUcontext cur = NULL;
+
+	if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+		cur = NULL;
+	if (cur == ctx || !extra->cuCtxPushCurrent_v2 || !extra->cuCtxPopCurrent_v2)
+		return false;
+	return extra->cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+}
+
+static void ctx_leave(bool pushed)
+{
+	CUcontext popped;
+
+	if (pushed)
+		(void)emm_state_real_extra()->cuCtxPopCurrent_v2(&popped);
+}
+
+/* --- pools ------------------------------------------------------------- */
+
+static struct emm_fence_pool *pool_new(CUcontext ctx)
+{
+	struct emm_fence_pool *pool = calloc(1, sizeof(*pool));
+
+	if (!pool)
+		return NULL;
+	pool->ctx = ctx;
+	atomic_init(&pool->dead, false);
+	pthread_mutex_init(&pool->lock, NULL);
+	return pool;
+}
+
+struct emm_fence_pool *emm_fence_pool_get(CUcontext ctx)
+{
+	struct emm_fence_pool *pool;
+
+	pthread_mutex_lock(&pool_list_lock);
+	for (pool = pool_list; pool; pool = pool->next)
+		if (pool->ctx == ctx)
+			break;
+	if (!pool) {
+		pool = pool_new(ctx);
+		if (pool) {
+			pool->next = pool_list;
+			pool_list = pool;
+		}
+	}
+	pthread_mutex_unlock(&pool_list_lock);
+	return pool;
+}
+
+void emm_fence_pool_drop(CUcontext ctx)
+{
+	struct emm_fence_pool **link, *pool = NULL;
+
+	pthread_mutex_lock(&pool_list_lock);
+	for (link = &pool_list; *link; link = &(*link)->next) {
+		if ((*link)->ctx == ctx) {
+			pool = *link;
+			*link = pool->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&pool_list_lock);
+	if (!pool)
+		return;
+	atomic_store(&pool->dead, true);
+	/* The driver destroyed the events with the context: drop the structs. */
+	pthread_mutex_lock(&pool->lock);
+	while (pool->free_list) {
+		struct cuda_fence *f = pool->free_list;
+		pool->free_list = f->next;
+		free(f);
+	}
+	pthread_mutex_unlock(&pool->lock);
+}
+
+void emm_fence_fork_child(void)
+{
+	/* The parent's events mean nothing here; forget every pool (leaked:
+	 * their locks may have been held by threads that do not exist here). */
+	pthread_mutex_init(&pool_list_lock, NULL);
+	pool_list = NULL;
+}
+
+static bool pool_gone(const struct emm_fence_pool *pool)
+{
+	return emm_state_exiting() || atomic_load_explicit(&pool->dead, memory_order_acquire);
+}
+
+/* A fence with an event of this pool, from the free list or new. */
+static struct cuda_fence *fence_get(struct emm_fence_pool *pool)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	struct cuda_fence *f;
+	CUresult r;
+	bool pushed;
+
+	pthread_mutex_lock(&pool->lock);
+	f = pool->free_list;
+	if (f)
+		pool->free_list = f->next;
+	pthread_mutex_unlock(&pool->lock);
+	if (f)
+		return f;
+
+	if (!real->cuEventCreate)
+		return NULL;
+	f = calloc(1, sizeof(*f));
+	if (!f)
+		return NULL;
+	f->pool = pool;
+	pushed = ctx_enter(pool->ctx);
+	r = real->cuEventCreate(&f->event, CU_EVENT_DISABLE_TIMING);
+	ctx_leave(pushed);
+	if (r != CUDA_SUCCESS) {
+		emm_debug("cuEventCreate failed (%d)", (int)r);
+		if (r == CUDA_ERROR_DEINITIALIZED)
+			emm_state_driver_gone();
+		free(f);
+		return NULL;
+	}
+	return f;
+}
+
+static void fence_put(struct cuda_fence *f)
+{
+	struct emm_fence_pool *pool = f->pool;
+
+	if (atomic_load_explicit(&pool->dead, memory_order_acquire)) {
+		free(f);
+		return;
+	}
+	pthread_mutex_lock(&pool->lock);
+	f->next = pool->free_list;
+	pool->free_list = f;
+	pthread_mutex_unlock(&pool->lock);
+}
+
+/* --- the fence ops ----------------------------------------------------- */
+
+static bool key_is_real_stream(emm_stream_t key)
+{
+	return key != EMM_STREAM_SYNC && key != EMM_STREAM_LEGACY && !EMM_STREAM_IS_PER_THREAD(key);
+}
+
+/* Wait for the whole context on the host (a fallback that is always
+ * correct: after it every marker would be complete). */
+static int ctx_sync(struct emm_fence_pool *pool)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	CUresult r;
+	bool pushed;
+
+	if (pool_gone(pool))
+		return 0;
+	if (!real->cuCtxSynchronize)
+		return -ENOSYS;
+	pushed = ctx_enter(pool->ctx);
+	r = real->cuCtxSynchronize();
+	ctx_leave(pushed);
+	if (r == CUDA_ERROR_DEINITIALIZED || r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+		if (r == CUDA_ERROR_DEINITIALIZED)
+			emm_state_driver_gone();
+		return 0;
+	}
+	return r == CUDA_SUCCESS ? 0 : -EIO;
+}
+
+static int fence_record(void *ctx, emm_stream_t key, uint64_t *ret_event)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	struct emm_fence_pool *pool = ctx;
+	struct cuda_fence *f;
+	CUresult r;
+	bool pushed;
+
+	if (key_is_real_stream(key)) {
+		CUcontext owner = emm_state_stream_context(key);
+		if (owner && owner != pool->ctx) {
+			struct emm_fence_pool *other = emm_fence_pool_get(owner);
+			if (other)
+				pool = other;
+		}
+	}
+	if (pool_gone(pool) || !real->cuEventRecord) {
+		*ret_event = 0;
+		return 0;
+	}
+	f = fence_get(pool);
+	if (!f)
+		goto fallback;
+	pushed = ctx_enter(pool->ctx);
+	r = real->cuEventRecord(f->event, emm_state_stream_handle(key));
+	ctx_leave(pushed);
+	if (r == CUDA_SUCCESS) {
+		*ret_event = (uint64_t)(uintptr_t)f;
+		return 0;
+	}
+	fence_put(f);
+	if (r == CUDA_ERROR_DEINITIALIZED) {
+		emm_state_driver_gone();
+		*ret_event = 0;
+		return 0;
+	}
+	emm_debug("cuEventRecord on stream %#llx failed (%d): waiting for the context instead",
+	          (unsigned long long)key, (int)r);
+fallback:
+	/* No marker: make everything before now complete, then hand out the
+	 * null marker. Never reached during capture (the allocator asks
+	 * `capturing` before recording). */
+	if (ctx_sync(pool) < 0)
+		return -EIO;
+	*ret_event = 0;
+	return 0;
+}
+
+static int fence_query(void *ctx, uint64_t event)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	struct cuda_fence *f = (struct cuda_fence *)(uintptr_t)event;
+	CUresult r;
+
+	(void)ctx;
+	if (!f || pool_gone(f->pool) || !real->cuEventQuery)
+		return 0;
+	r = real->cuEventQuery(f->event);
+	switch (r) {
+	case CUDA_SUCCESS:
+		return 0;
+	case CUDA_ERROR_NOT_READY:
+		return -EBUSY;
+	case CUDA_ERROR_DEINITIALIZED:
+		emm_state_driver_gone();
+		return 0;
+	case CUDA_ERROR_CONTEXT_IS_DESTROYED:
+		return 0; /* its work is gone with it */
+	default:
+		emm_debug("cuEventQuery failed (%d)", (int)r);
+		return -EIO;
+	}
+}
+
+static int fence_stream_wait(void *ctx, emm_stream_t key, uint64_t event)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	struct cuda_fence *f = (struct cuda_fence *)(uintptr_t)event;
+	CUresult r;
+
+	(void)ctx;
+	if (!f || pool_gone(f->pool))
+		return 0;
+	if (!real->cuStreamWaitEvent)
+		return -ENOSYS;
+	r = real->cuStreamWaitEvent(emm_state_stream_handle(key), f->event, 0);
+	if (r == CUDA_ERROR_DEINITIALIZED) {
+		emm_state_driver_gone();
+		return 0;
+	}
+	return r == CUDA_SUCCESS ? 0 : -EIO;
+}
+
+static int fence_synchronize(void *ctx, uint64_t event)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	struct cuda_fence *f = (struct cuda_fence *)(uintptr_t)event;
+	CUresult r;
+
+	(void)ctx;
+	if (!f || pool_gone(f->pool) || !real->cuEventSynchronize)
+		return 0;
+	r = real->cuEventSynchronize(f->event);
+	if (r == CUDA_ERROR_DEINITIALIZED) {
+		emm_state_driver_gone();
+		return 0;
+	}
+	if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED)
+		return 0;
+	return r == CUDA_SUCCESS ? 0 : -EIO;
+}
+
+static void fence_release(void *ctx, uint64_t event)
+{
+	struct cuda_fence *f = (struct cuda_fence *)(uintptr_t)event;
+
+	(void)ctx;
+	if (f)
+		fence_put(f);
+}
+
+static int fence_device_synchronize(void *ctx)
+{
+	return ctx_sync(ctx);
+}
+
+static bool fence_capturing(void *ctx, emm_stream_t key)
+{
+	(void)ctx;
+	return emm_state_capture_forbids(key);
+}
+
+void emm_fence_ops_init(struct emm_fence_pool *pool, struct emm_fence_ops *ops)
+{
+	ops->ctx = pool;
+	ops->record = fence_record;
+	ops->query = fence_query;
+	ops->stream_wait = fence_stream_wait;
+	ops->synchronize = fence_synchronize;
+	ops->release = fence_release;
+	ops->device_synchronize = fence_device_synchronize;
+	ops->capturing = fence_capturing;
+}

@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench-core: the host cost of a cached allocation + free pair in the
+ * allocator core (no driver: a fake segment source; fence ops that record
+ * and complete for free, or none), so the numbers are libemm's own
+ * overhead. For each size and path: warm up, then time batches of pairs and
+ * report the median batch's cost per pair (and the 10th/90th percentile).
+ * Then the same loop on 1, 2, 4, 8 threads sharing one heap (each thread
+ * on its own per-thread stream key for the stream-ordered path).
+ *
+ *   bench-core [--quick] [--threads] [--private]
+ *
+ * --threads runs only the thread table; --private gives each thread its own
+ * heap (the block map stays shared), to tell heap sharing from the rest.
+ *
+ * Paths:
+ *   sync/fence   - alloc(SYNC) + free(SYNC), FENCE mode with fence ops: the
+ *                  free joins the open epoch, which closes every 16 frees
+ *                  (one event record) on the no-non-blocking-stream fast path
+ *   sync/nofence - the same with NULL fence ops (frees are ready at once)
+ *   stream       - alloc(S) + free(S) on a per-thread stream key: same-stream
+ *                  reuse
+ */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "allocator/heap.h"
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+
+static unsigned batch = 1000, batches = 301, warmup = 20000;
+static bool private_heaps; /* --private: one heap per thread (isolates heap sharing) */
+
+/* --- doubles -------------------------------------------------------------- */
+
+static atomic_uint_fast64_t bump = UINT64_C(0x200000000000);
+
+static int src_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret)
+{
+	(void)state;
+	(void)stream;
+	*ret = atomic_fetch_add(&bump, (size + 4 * MIB - 1) & ~(2 * MIB - 1));
+	return 0;
+}
+
+static int src_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream)
+{
+	(void)state;
+	(void)addr;
+	(void)size;
+	(void)stream;
+	return 0;
+}
+
+static atomic_uint_fast64_t next_event = 1;
+
+static int f_record(void *ctx, emm_stream_t s, uint64_t *ret)
+{
+	(void)ctx;
+	(void)s;
+	*ret = atomic_fetch_add_explicit(&next_event, 1, memory_order_relaxed);
+	return 0;
+}
+
+static int f_query(void *ctx, uint64_t ev)
+{
+	(void)ctx;
+	(void)ev;
+	return 0;
+}
+
+static int f_wait(void *ctx, emm_stream_t s, uint64_t ev)
+{
+	(void)ctx;
+	(void)s;
+	(void)ev;
+	return 0;
+}
+
+static void f_release(void *ctx, uint64_t ev)
+{
+	(void)ctx;
+	(void)ev;
+}
+
+static const struct emm_fence_ops fence_ops = {
+	.record = f_record, .query = f_query, .stream_wait = f_wait,
+	.release = f_release,
+};
+
+/* --- timing --------------------------------------------------------------- */
+
+static inline uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+	return x < y ? -1 : x > y;
+}
+
+enum path { PATH_SYNC_FENCE, PATH_SYNC_NOFENCE, PATH_STREAM, NPATHS };
+static const char *path_name[NPATHS] = {"sync/fence", "sync/nofence", "stream"};
+
+struct job {
+	emm_heap_t *heap;
+	size_t size;
+	emm_stream_t stream;
+	double *samples; /* ns per pair, one per batch */
+	pthread_barrier_t *barrier;
+	uint64_t wall_ns;
+	int err;
+};
+
+static void *loop(void *arg)
+{
+	struct job *j = arg;
+	emm_addr_t a;
+
+	/* Keep one block live so the segment never becomes whole and idle:
+	 * the steady state of a program holding memory. */
+	emm_addr_t anchor = 0;
+	if (emm_heap_alloc(j->heap, j->size, j->stream, &anchor)) {
+		j->err = 1;
+		return NULL;
+	}
+	for (unsigned i = 0; i < warmup; i++) {
+		if (emm_heap_alloc(j->heap, j->size, j->stream, &a) || emm_heap_free(a, j->stream, NULL)) {
+			j->err = 1;
+			return NULL;
+		}
+	}
+	if (j->barrier)
+		pthread_barrier_wait(j->barrier);
+	uint64_t t0 = now_ns();
+	for (unsigned b = 0; b < batches; b++) {
+		uint64_t s = now_ns();
+		for (unsigned i = 0; i < batch; i++) {
+			emm_heap_alloc(j->heap, j->size, j->stream, &a);
+			emm_heap_free(a, j->stream, NULL);
+		}
+		j->samples[b] = (double)(now_ns() - s) / batch;
+	}
+	j->wall_ns = now_ns() - t0;
+	emm_heap_free(anchor, j->stream, NULL);
+	return NULL;
+}
+
+static emm_heap_t *make_heap(enum path p)
+{
+	struct emm_heap_params params;
+	struct emm_segment_source src = {NULL, src_alloc, src_free};
+	emm_heap_t *h = NULL;
+	emm_heap_params_default(&params);
+	if (emm_heap_create(&params, &src, p == PATH_SYNC_NOFENCE ? NULL : &fence_ops, 0, &h)) {
+		fprintf(stderr, "heap create failed\n");
+		exit(1);
+	}
+	return h;
+}
+
+/* Run `threads` loops on one heap; fill the median, p10, p90 of all
+ * threads' batch samples (ns per pair) and the aggregate pairs/s. */
+static void run(enum path p, size_t size, unsigned threads, double *med, double *p10, double *p90, double *mops)
+{
+	emm_heap_t *h = make_heap(p), *priv[8] = {NULL};
+	struct job jobs[8];
+	pthread_t th[8];
+	pthread_barrier_t bar;
+	double *all = calloc((size_t)batches * threads, sizeof(double));
+
+	pthread_barrier_init(&bar, NULL, threads);
+	for (unsigned t = 0; t < threads; t++) {
+		if (private_heaps && t > 0)
+			priv[t] = make_heap(p);
+		jobs[t] = (struct job){
+			.heap = priv[t] ? priv[t] : h,
+			.size = size,
+			.stream = p == PATH_STREAM ? EMM_STREAM_PER_THREAD_KEY(t) : EMM_STREAM_SYNC,
+			.samples = all + (size_t)t * batches,
+			.barrier = threads > 1 ? &bar : NULL,
+		};
+	}
+	if (threads == 1) {
+		loop(&jobs[0]);
+	} else {
+		for (unsigned t = 0; t < threads; t++)
+			pthread_create(&th[t], NULL, loop, &jobs[t]);
+		for (unsigned t = 0; t < threads; t++)
+			pthread_join(th[t], NULL);
+	}
+	uint64_t wall = 0;
+	for (unsigned t = 0; t < threads; t++) {
+		if (jobs[t].err) {
+			fprintf(stderr, "allocation failed\n");
+			exit(1);
+		}
+		if (jobs[t].wall_ns > wall)
+			wall = jobs[t].wall_ns;
+	}
+	size_t n = (size_t)batches * threads;
+	qsort(all, n, sizeof(double), cmp_double);
+	*med = all[n / 2];
+	*p10 = all[n / 10];
+	*p90 = all[n * 9 / 10];
+	*mops = (double)batches * batch * threads / ((double)wall / 1e9) / 1e6;
+	if (emm_heap_check(h) != 0) {
+		fprintf(stderr, "heap check failed\n");
+		exit(1);
+	}
+	free(all);
+	pthread_barrier_destroy(&bar);
+	emm_heap_destroy(h, true);
+	for (unsigned t = 0; t < threads; t++)
+		emm_heap_destroy(priv[t], true);
+}
+
+int main(int argc, char **argv)
+{
+	static const size_t sizes[] = {256, 64 * KIB, 1 * MIB, 16 * MIB};
+	static const char *size_names[] = {"256 B", "64 KiB", "1 MiB", "16 MiB"};
+	double med, p10, p90, mops;
+
+	bool threads_only = false;
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--quick") == 0) {
+			batches = 31;
+			warmup = 2000;
+		} else if (strcmp(argv[i], "--private") == 0) {
+			private_heaps = true;
+		} else if (strcmp(argv[i], "--threads") == 0) {
+			threads_only = true;
+		} else {
+			fprintf(stderr, "usage: bench-core [--quick] [--threads] [--private]\n");
+			return 2;
+		}
+	}
+	if (threads_only)
+		goto threads;
+
+	printf("Cached alloc+free pair, single thread: ns per pair, median of %u batches of %u (p10-p90)\n\n",
+	       batches, batch);
+	printf("| size | sync/fence | sync/nofence | stream |\n|---|---|---|---|\n");
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		printf("| %s |", size_names[i]);
+		for (int p = 0; p < NPATHS; p++) {
+			run((enum path)p, sizes[i], 1, &med, &p10, &p90, &mops);
+			printf(" %.1f (%.1f-%.1f) |", med, p10, p90);
+		}
+		printf("\n");
+		fflush(stdout);
+	}
+
+threads:
+	printf("\nThreads %s, 64 KiB: median ns per pair per thread / aggregate Mpairs/s\n\n",
+	       private_heaps ? "each on its own heap" : "sharing one heap");
+	printf("| threads |");
+	for (int p = 0; p < NPATHS; p++)
+		printf(" %s |", path_name[p]);
+	printf("\n|---|---|---|---|\n");
+	for (unsigned threads = 1; threads <= 8; threads *= 2) {
+		printf("| %u |", threads);
+		for (int p = 0; p < NPATHS; p++) {
+			run((enum path)p, 64 * KIB, threads, &med, &p10, &p90, &mops);
+			printf(" %.1f ns / %.2f |", med, mops);
+		}
+		printf("\n");
+		fflush(stdout);
+	}
+	return 0;
+}
