@@ -72,7 +72,8 @@ struct emm_heap_params {
 	size_t release_threshold;    /* idle reserved bytes above this go back (SIZE_MAX: keep all) */
 	bool oom_retry;		     /* on backend failure release idle segments and retry once */
 	enum emm_free_mode free_mode;
-	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (16) */
+	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (32),
+				      * or half as many when an allocation needs its memory */
 	size_t epoch_max_bytes;	     /* ... or this many bytes (64 MiB) */
 	unsigned arenas;	     /* small-pool arenas, threads spread over them (0: one per CPU, <= 8;
 				      * rounded down to a power of two); the large pool is shared */

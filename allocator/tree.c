@@ -288,8 +288,8 @@ struct emm_tree_node *emm_tree_find(const struct emm_tree *t, uint64_t k0, uint6
 
 /* Black height of the subtree, or -1. Checks order against (lo, hi) bounds. */
 static int check_node(const struct emm_tree_node *n, const struct emm_tree_node *parent,
-		      const struct emm_tree_node *lo, const struct emm_tree_node *hi, size_t *count,
-		      const char **why)
+                      const struct emm_tree_node *lo, const struct emm_tree_node *hi, size_t *count,
+                      const char **why)
 {
 	if (!n)
 		return 0;

@@ -60,7 +60,7 @@ static inline int emm_tree_key_cmp(const uint64_t a[3], uint64_t k0, uint64_t k1
 
 /* The first node whose key is >= (k0, k1, k2), or NULL. */
 static inline struct emm_tree_node *emm_tree_lower_bound(const struct emm_tree *t, uint64_t k0, uint64_t k1,
-							 uint64_t k2)
+                                                         uint64_t k2)
 {
 	struct emm_tree_node *x = t->root, *res = NULL;
 	while (x) {

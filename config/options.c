@@ -128,8 +128,9 @@ static const char *const free_mode_names[] = {
 	X(FREE_MODE, free_mode, ENUM, U(EMM_OPT_FREE_FENCE), "", NAMES(free_mode_names),              \
 	  "When a block freed without a stream may be reused: fence (epoch events), "                 \
 	  "strict (device sync like cuMemFree), stream (at once, trusting stream order)")             \
-	X(EPOCH_BLOCKS, epoch_blocks, UINT, U(16), "frees", RANGE(1, 65536),                          \
-	  "Close the open free epoch after this many synchronous frees")                              \
+	X(EPOCH_BLOCKS, epoch_blocks, UINT, U(32), "frees", RANGE(1, 65536),                          \
+	  "Close the open free epoch after this many synchronous frees (half as many when an "         \
+	  "allocation needs its memory)")                                                             \
 	X(EPOCH_BYTES, epoch_bytes, SIZE, Z(64 * MIB), "bytes", FLAGS(F_NONZERO),                     \
 	  "Close the open free epoch after this many freed bytes")                                    \
 	X(MEMINFO_CACHED, meminfo_cached, BOOL, B(true), "", NOLIMIT,                                 \
@@ -137,7 +138,10 @@ static const char *const free_mode_names[] = {
 	X(PINNED, pinned, BOOL, B(true), "", NOLIMIT,                                                 \
 	  "Cache pinned host allocations (cuMemHostAlloc, cuMemAllocHost)")                           \
 	X(RUNTIME_SHIMS, runtime_shims, BOOL, B(true), "", NOLIMIT,                                   \
-	  "Serve cudaMalloc and cudaFree of shared-cudart programs directly")
+	  "Serve cudaMalloc and cudaFree of shared-cudart programs directly")                         \
+	/* 0: one arena per CPU, at most 8, rounded down to a power of two. */                        \
+	X(ARENAS, arenas, UINT, U(0), "", RANGE(0, 64),                                               \
+	  "Small-pool arenas per heap that threads spread over (0: one per CPU, at most 8)")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

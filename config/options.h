@@ -50,11 +50,12 @@ struct emm_options {
 	size_t release_threshold;  /* EMM_RELEASE_THRESHOLD (unlimited = SIZE_MAX) */
 	bool oom_retry;		   /* EMM_OOM_RETRY (on) */
 	enum emm_opt_free_mode free_mode; /* EMM_FREE_MODE: fence|strict|stream */
-	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (16) */
+	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (32) */
 	size_t epoch_bytes;	   /* EMM_EPOCH_BYTES (64M) */
 	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
+	unsigned arenas;	   /* EMM_ARENAS: small-pool arenas per heap (0: one per CPU, <= 8) */
 };
 
 /* Row ids, in table order. */
@@ -79,6 +80,7 @@ enum emm_option_id {
 	EMM_OPT_MEMINFO_CACHED,
 	EMM_OPT_PINNED,
 	EMM_OPT_RUNTIME_SHIMS,
+	EMM_OPT_ARENAS,
 	EMM_OPT__COUNT
 };
 

@@ -19,7 +19,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/compiler.h"
 #include "common/log.h"
@@ -41,7 +40,7 @@ void *emm_real_dlsym_ptr;
  * glibc's own even when several interposers are preloaded.
  */
 static const char *const dlsym_versions[] = {
-	"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0", "GLIBC_2.27",
+    "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0", "GLIBC_2.27",
 };
 
 emm_dlsym_fn emm_real_dlsym_get(void)
@@ -54,8 +53,8 @@ emm_dlsym_fn emm_real_dlsym_get(void)
 		fn = dlvsym(RTLD_NEXT, "dlsym", dlsym_versions[i]);
 	if (!fn) {
 		/* Without it no program that uses dlsym can run; say why. */
-		static const char msg[] = "emm: error: cannot find the C library's dlsym (dlvsym failed)\n";
-		ssize_t EMM_UNUSED w = write(2, msg, sizeof(msg) - 1);
+		emm_error(
+		    "cannot find the C library's dlsym (dlvsym of dlsym failed for every known version)");
 		abort();
 	}
 	/* Racing threads find the same function; any store wins. */
@@ -114,7 +113,8 @@ bool emm_real_is_libemm_address(const void *addr)
 		return false;
 	/* libemm itself, or a libemm backend (libemm-backend-*.so), which must
 	 * reach the driver through driver_proc, never through our shims. */
-	return info.dli_fbase == base || strncmp(path_basename(info.dli_fname ? info.dli_fname : ""), "libemm", 6) == 0;
+	return info.dli_fbase == base ||
+	       strncmp(path_basename(info.dli_fname ? info.dli_fname : ""), "libemm", 6) == 0;
 }
 
 /* --- lock-free name caches ---------------------------------------------- */
@@ -126,7 +126,7 @@ bool emm_real_is_libemm_address(const void *addr)
  * than the slot are simply not cached.
  */
 #define NAME_CACHE_NAME_MAX 64
-#define NAME_CACHE_PROBES 16
+#define NAME_CACHE_PROBES   16
 
 enum { SLOT_EMPTY, SLOT_WRITING, SLOT_READY };
 
@@ -181,7 +181,7 @@ static void name_cache_put(struct name_cache *c, const char *name, void *value)
 		unsigned expected = SLOT_EMPTY;
 
 		if (__atomic_compare_exchange_n(&s->state, &expected, SLOT_WRITING, false, __ATOMIC_ACQUIRE,
-						__ATOMIC_RELAXED)) {
+		                                __ATOMIC_RELAXED)) {
 			memcpy(s->name, name, len + 1);
 			s->value = value;
 			__atomic_store_n(&s->state, SLOT_READY, __ATOMIC_RELEASE);
@@ -191,9 +191,9 @@ static void name_cache_put(struct name_cache *c, const char *name, void *value)
 }
 
 static struct name_cache_slot driver_slots[512];
-static struct name_cache driver_cache = { EMM_ARRAY_SIZE(driver_slots) - 1, driver_slots };
+static struct name_cache driver_cache = {EMM_ARRAY_SIZE(driver_slots) - 1, driver_slots};
 static struct name_cache_slot runtime_slots[64];
-static struct name_cache runtime_cache = { EMM_ARRAY_SIZE(runtime_slots) - 1, runtime_slots };
+static struct name_cache runtime_cache = {EMM_ARRAY_SIZE(runtime_slots) - 1, runtime_slots};
 
 /* --- the driver ---------------------------------------------------------- */
 
@@ -216,7 +216,8 @@ void *emm_real_libcuda_handle(void)
 		h = dlopen("libcuda.so.1", RTLD_NOW);
 	if (!h)
 		return NULL;
-	if (!__atomic_compare_exchange_n(&libcuda_handle, &expected, h, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+	if (!__atomic_compare_exchange_n(&libcuda_handle, &expected, h, false, __ATOMIC_ACQ_REL,
+	                                 __ATOMIC_ACQUIRE))
 		h = expected;
 	return h;
 }
@@ -233,7 +234,8 @@ bool emm_real_is_driver_export(const void *fn, const char *exported_name)
 		h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
 		if (!h)
 			return false;
-		__atomic_compare_exchange_n(&libcuda_handle, &expected, h, false, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+		__atomic_compare_exchange_n(&libcuda_handle, &expected, h, false, __ATOMIC_ACQ_REL,
+		                            __ATOMIC_ACQUIRE);
 	}
 	return emm_real_driver(exported_name) == fn;
 }
@@ -356,7 +358,7 @@ static int find_cudart(struct dl_phdr_info *info, size_t size, void *data)
  */
 static void *runtime_from_loaded_cudart(const char *name)
 {
-	struct cudart_search search = { .path = "" };
+	struct cudart_search search = {.path = ""};
 	void *h, *fn;
 
 	/* Copy the path out first: no dlopen under dl_iterate_phdr's lock. */

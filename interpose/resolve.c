@@ -27,10 +27,11 @@
  * (a non-hidden reference, which every link-time reference is), so
  * references to dlsym@GLIBC_2.34 (programs built on glibc >= 2.34) and to
  * dlsym@GLIBC_2.2.5 (older builds: manylinux wheels, libcudart_static users
- * linked on old systems) both bind to it. Verified on glibc 2.36 by
- * tests/interpose/test-dlsym-versions (an object linked against each version
- * explicitly); nvshare's .symver pair is therefore not needed, and it would
- * need a version script defining GLIBC_* nodes in libemm. A lookup that
+ * linked on old systems) both bind to it. Verified with LD_DEBUG=bindings on
+ * glibc 2.36 (build machine) and 2.39 (the H200 machine) by
+ * tests/interpose/test-dlsym-versions, which references both versions;
+ * nvshare's .symver pair is therefore not needed, and it would need a
+ * version script defining GLIBC_* nodes in libemm. A lookup that
  * asks for a version itself (dlvsym) is not intercepted: cudart uses dlvsym
  * only for libc functions.
  */
@@ -54,10 +55,10 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, cuuin
 /* Per-thread-default-stream entry points of shared cudart, which its header
  * declares only under --default-stream per-thread. */
 cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr, unsigned long long flags,
-					 enum cudaDriverEntryPointQueryResult *driverStatus);
-cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr, unsigned int cudaVersion,
-						  unsigned long long flags,
-						  enum cudaDriverEntryPointQueryResult *driverStatus);
+                                         enum cudaDriverEntryPointQueryResult *driverStatus);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr,
+                                                  unsigned int cudaVersion, unsigned long long flags,
+                                                  enum cudaDriverEntryPointQueryResult *driverStatus);
 
 /* Reached from the dlsym trampoline by a jump, so its return address is the
  * caller of dlsym. */
@@ -160,6 +161,7 @@ void *emm_dlsym_explicit(void *handle, const char *name)
  * it, the stack restored, and the jump made as usual. Other handles jump to
  * emm_dlsym_explicit. endbr64 is a no-op on CPUs without CET.
  */
+/* clang-format off */
 __asm__(".pushsection .text\n"
 	"	.globl	dlsym\n"
 	"	.type	dlsym, @function\n"
@@ -193,6 +195,7 @@ __asm__(".pushsection .text\n"
 	"	.cfi_endproc\n"
 	"	.size	dlsym, .-dlsym\n"
 	".popsection\n");
+/* clang-format on */
 
 #elif defined(__aarch64__)
 
@@ -204,6 +207,7 @@ void *emm_dlsym_explicit(void *handle, const char *name)
 /* The same on aarch64: the caller's return address is x30, left alone on
  * the forwarding paths (saved and restored around the first-call lookup).
  * bti c (hint 34) is a no-op without BTI. */
+/* clang-format off */
 __asm__(".pushsection .text\n"
 	"	.globl	dlsym\n"
 	"	.type	dlsym, %function\n"
@@ -236,6 +240,7 @@ __asm__(".pushsection .text\n"
 	"	.cfi_endproc\n"
 	"	.size	dlsym, .-dlsym\n"
 	".popsection\n");
+/* clang-format on */
 
 #else
 
@@ -272,7 +277,7 @@ EMM_EXPORT void *dlsym(void *handle, const char *name)
  * (cudart and cuda-python pass NULL) and is never written by libemm.
  */
 EMM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, cuuint64_t flags,
-					CUdriverProcAddressQueryResult *symbolStatus)
+                                        CUdriverProcAddressQueryResult *symbolStatus)
 {
 	const struct emm_real_driver_table *real = emm_real_driver_table();
 	CUresult res;
@@ -282,7 +287,8 @@ EMM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
 	if (!real || !real->cuGetProcAddress_v2)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	res = real->cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
-	if (res == CUDA_SUCCESS && pfn && *pfn && (!symbolStatus || *symbolStatus == CU_GET_PROC_ADDRESS_SUCCESS))
+	if (res == CUDA_SUCCESS && pfn && *pfn &&
+	    (!symbolStatus || *symbolStatus == CU_GET_PROC_ADDRESS_SUCCESS))
 		*pfn = substitute_exported(*pfn, __builtin_return_address(0));
 	return res;
 }
@@ -329,12 +335,12 @@ void *emm_resolver_shim_for(const char *exported_name)
  * cudaErrorInitializationError, as shims_runtime.c does.
  */
 typedef cudaError_t (*entry_point_fn)(const char *, void **, unsigned long long,
-				      enum cudaDriverEntryPointQueryResult *);
+                                      enum cudaDriverEntryPointQueryResult *);
 typedef cudaError_t (*entry_point_by_version_fn)(const char *, void **, unsigned int, unsigned long long,
-						 enum cudaDriverEntryPointQueryResult *);
+                                                 enum cudaDriverEntryPointQueryResult *);
 
-static cudaError_t entry_point_result(cudaError_t err, void **funcPtr, enum cudaDriverEntryPointQueryResult *status,
-				      const void *caller)
+static cudaError_t entry_point_result(cudaError_t err, void **funcPtr,
+                                      enum cudaDriverEntryPointQueryResult *status, const void *caller)
 {
 	if (err == cudaSuccess && funcPtr && *funcPtr && (!status || *status == cudaDriverEntryPointSuccess))
 		*funcPtr = substitute_exported(*funcPtr, caller);
@@ -342,48 +348,50 @@ static cudaError_t entry_point_result(cudaError_t err, void **funcPtr, enum cuda
 }
 
 EMM_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags,
-					       enum cudaDriverEntryPointQueryResult *driverStatus)
+                                               enum cudaDriverEntryPointQueryResult *driverStatus)
 {
 	entry_point_fn real = (entry_point_fn)emm_real_runtime("cudaGetDriverEntryPoint");
 
 	if (!real)
 		return cudaErrorInitializationError;
 	return entry_point_result(real(symbol, funcPtr, flags, driverStatus), funcPtr, driverStatus,
-				  __builtin_return_address(0));
+	                          __builtin_return_address(0));
 }
 
-EMM_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr, unsigned long long flags,
-						    enum cudaDriverEntryPointQueryResult *driverStatus)
+EMM_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr,
+                                                    unsigned long long flags,
+                                                    enum cudaDriverEntryPointQueryResult *driverStatus)
 {
 	entry_point_fn real = (entry_point_fn)emm_real_runtime("cudaGetDriverEntryPoint_ptsz");
 
 	if (!real)
 		return cudaErrorInitializationError;
 	return entry_point_result(real(symbol, funcPtr, flags, driverStatus), funcPtr, driverStatus,
-				  __builtin_return_address(0));
+	                          __builtin_return_address(0));
 }
 
-EMM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
-							unsigned long long flags,
-							enum cudaDriverEntryPointQueryResult *driverStatus)
-{
-	entry_point_by_version_fn real = (entry_point_by_version_fn)emm_real_runtime("cudaGetDriverEntryPointByVersion");
-
-	if (!real)
-		return cudaErrorInitializationError;
-	return entry_point_result(real(symbol, funcPtr, cudaVersion, flags, driverStatus), funcPtr, driverStatus,
-				  __builtin_return_address(0));
-}
-
-EMM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr,
-							     unsigned int cudaVersion, unsigned long long flags,
-							     enum cudaDriverEntryPointQueryResult *driverStatus)
+EMM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr,
+                                                        unsigned int cudaVersion, unsigned long long flags,
+                                                        enum cudaDriverEntryPointQueryResult *driverStatus)
 {
 	entry_point_by_version_fn real =
-		(entry_point_by_version_fn)emm_real_runtime("cudaGetDriverEntryPointByVersion_ptsz");
+	    (entry_point_by_version_fn)emm_real_runtime("cudaGetDriverEntryPointByVersion");
 
 	if (!real)
 		return cudaErrorInitializationError;
-	return entry_point_result(real(symbol, funcPtr, cudaVersion, flags, driverStatus), funcPtr, driverStatus,
-				  __builtin_return_address(0));
+	return entry_point_result(real(symbol, funcPtr, cudaVersion, flags, driverStatus), funcPtr,
+	                          driverStatus, __builtin_return_address(0));
+}
+
+EMM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
+    const char *symbol, void **funcPtr, unsigned int cudaVersion, unsigned long long flags,
+    enum cudaDriverEntryPointQueryResult *driverStatus)
+{
+	entry_point_by_version_fn real =
+	    (entry_point_by_version_fn)emm_real_runtime("cudaGetDriverEntryPointByVersion_ptsz");
+
+	if (!real)
+		return cudaErrorInitializationError;
+	return entry_point_result(real(symbol, funcPtr, cudaVersion, flags, driverStatus), funcPtr,
+	                          driverStatus, __builtin_return_address(0));
 }

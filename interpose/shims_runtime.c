@@ -50,10 +50,10 @@ cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 #define RUNTIME_MISSING cudaErrorInitializationError
 
 /* Forward to the next definition of `name`, typed as `type`. */
-#define DELEGATE(type, name, ...)                                           \
-	do {                                                                \
-		type real_ = (type)emm_real_runtime(name);                  \
-		return real_ ? real_(__VA_ARGS__) : RUNTIME_MISSING;        \
+#define DELEGATE(type, name, ...)                                                                            \
+	do {                                                                                                 \
+		type real_ = (type)emm_real_runtime(name);                                                   \
+		return real_ ? real_(__VA_ARGS__) : RUNTIME_MISSING;                                         \
 	} while (0)
 
 typedef cudaError_t (*malloc_fn)(void **, size_t);

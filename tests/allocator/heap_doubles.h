@@ -40,7 +40,7 @@ struct fake_src {
 	pthread_mutex_t lock;
 	size_t capacity; /* bytes that may be live at once */
 	size_t used;
-	int fail_next;	 /* fail this many calls with -ENOMEM */
+	int fail_next; /* fail this many calls with -ENOMEM */
 	unsigned allocs, frees, failures, bad_frees;
 	struct fake_seg *segs;
 	size_t nsegs, cap;
@@ -143,18 +143,18 @@ struct fake_wait {
 
 struct fake_fence {
 	pthread_mutex_t lock;
-	bool auto_complete;	    /* events complete when recorded */
-	bool capture_sync;	    /* a global capture is active */
+	bool auto_complete;          /* events complete when recorded */
+	bool capture_sync;           /* a global capture is active */
 	emm_stream_t capture_stream; /* this stream is capturing (0: none) */
-	int fail_record;	    /* fail this many records */
-	struct fake_event *ev;	    /* event id = index + 1 */
+	int fail_record;             /* fail this many records */
+	struct fake_event *ev;       /* event id = index + 1 */
 	size_t nev, cap;
-	size_t done_upto;	    /* events with id <= this are complete */
-	size_t max_done;	    /* highest id known complete */
+	size_t done_upto; /* events with id <= this are complete */
+	size_t max_done;  /* highest id known complete */
 	struct fake_wait waits[256];
 	unsigned nwaits;
 	unsigned records, queries, syncs, device_syncs, releases;
-	unsigned misuse;	    /* query/wait/sync on a released or unknown event, double release */
+	unsigned misuse; /* query/wait/sync on a released or unknown event, double release */
 };
 
 static inline struct fake_event *fake_ev(struct fake_fence *f, uint64_t id)
@@ -303,14 +303,14 @@ static inline void fake_fence_fini(struct fake_fence *f)
 static inline struct emm_fence_ops fake_fence_ops(struct fake_fence *f)
 {
 	return (struct emm_fence_ops){
-		.ctx = f,
-		.record = fake_record,
-		.query = fake_query,
-		.stream_wait = fake_stream_wait,
-		.synchronize = fake_synchronize,
-		.release = fake_release,
-		.device_synchronize = fake_device_synchronize,
-		.capturing = fake_capturing,
+	    .ctx = f,
+	    .record = fake_record,
+	    .query = fake_query,
+	    .stream_wait = fake_stream_wait,
+	    .synchronize = fake_synchronize,
+	    .release = fake_release,
+	    .device_synchronize = fake_device_synchronize,
+	    .capturing = fake_capturing,
 	};
 }
 

@@ -17,8 +17,8 @@
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
 
-#define S1 ((emm_stream_t)0x1000)
-#define S2 ((emm_stream_t)0x2000)
+#define S1  ((emm_stream_t)0x1000)
+#define S2  ((emm_stream_t)0x2000)
 #define NB1 ((emm_stream_t)0x3000)
 
 static struct fake_src src;
@@ -57,6 +57,8 @@ static struct emm_heap_params defaults(void)
 {
 	struct emm_heap_params p;
 	emm_heap_params_default(&p);
+	/* The epoch tests count frees against a quota of 16. */
+	p.epoch_max_blocks = 16;
 	return p;
 }
 
@@ -516,11 +518,12 @@ TEST_BEGIN(test_epoch_bytes)
 TEST_END
 
 /* Closing under pressure: a miss while the open epoch holds a block that
- * could serve it and has seen at least epoch_max_blocks/4 frees. */
+ * could serve it and has seen at least half its quota of frees. */
 TEST_BEGIN(test_epoch_pressure)
 {
 	struct emm_heap_params p = defaults();
 	p.oom_retry = false;
+	p.epoch_max_blocks = 8; /* pressure from 4 frees */
 	emm_heap_t *h = setup(&p, true, 2 * MIB);
 	assert_ptr_not_null(h);
 	emm_addr_t blk[16], r = 0;
@@ -530,7 +533,7 @@ TEST_BEGIN(test_epoch_pressure)
 	xfree(blk[0], 0);
 	xfree(blk[2], 0);
 	xfree(blk[4], 0);
-	expect_int_eq(emm_heap_alloc(h, 128 * KIB, 0, &r), -ENOMEM); /* 3 < 16/4 */
+	expect_int_eq(emm_heap_alloc(h, 128 * KIB, 0, &r), -ENOMEM); /* 3 < 8/2 */
 	expect_u64_eq(heap_stats(h).epochs_closed, 0);
 	xfree(blk[6], 0);
 	/* 4 frees, but none could serve 256 KiB (pending blocks never merge). */
@@ -857,7 +860,7 @@ TEST_BEGIN(test_bad_frees)
 	expect_int_eq(emm_heap_free(a + 1, 0, &req), -EINVAL);
 	expect_int_eq(emm_heap_free(a, 0, &req), 0);
 	expect_u64_eq(req, 4 * KIB);
-	expect_int_eq(emm_heap_free(a, 0, &req), -EINVAL); /* double */
+	expect_int_eq(emm_heap_free(a, 0, &req), -EINVAL);           /* double */
 	expect_int_eq(emm_heap_free(a + 1 * MIB, 0, NULL), -EINVAL); /* free space in our segment */
 	expect_int_eq(emm_heap_free(0, 0, NULL), -ENOENT);
 	expect_int_eq(emm_heap_free(0xdead0000ull, 0, NULL), -ENOENT);
@@ -888,7 +891,7 @@ TEST_BEGIN(test_bad_frees)
 	h = setup(&p, false, 1ull << 40);
 	assert_ptr_not_null(h);
 	expect_int_eq(emm_heap_alloc(h, ((size_t)1 << 63) + ((size_t)1 << 62) + ((size_t)1 << 61) + 1, 0, &r),
-		      -EOVERFLOW);
+	              -EOVERFLOW);
 	emm_addr_t d = xalloc(h, 1 * MIB + 1, 0); /* rounded to 1.25 MiB */
 	expect_u64_eq(heap_stats(h).allocated_bytes, 1 * MIB + 256 * KIB);
 	xfree(d, 0);
@@ -971,12 +974,87 @@ TEST_BEGIN(test_destroy_forget)
 }
 TEST_END
 
+/* Arenas: each thread's small requests come from its own arena's segments,
+ * large ones from the shared large pool; a block freed by another thread
+ * goes home; flush, release, stream announcements and statistics cover
+ * every arena. */
+struct arena_job {
+	emm_heap_t *h;
+	emm_addr_t small, large, freed_by_other;
+	int rc;
+};
+
+static void *arena_thread(void *arg)
+{
+	struct arena_job *j = arg;
+	j->rc = emm_heap_alloc(j->h, 4 * KIB, 0, &j->small);
+	if (!j->rc)
+		j->rc = emm_heap_alloc(j->h, 4 * MIB, 0, &j->large);
+	if (!j->rc)
+		j->rc = emm_heap_free(j->freed_by_other, 0, NULL);
+	return NULL;
+}
+
+TEST_BEGIN(test_arenas)
+{
+	struct emm_heap_params p = defaults();
+	p.arenas = 2;
+	emm_heap_t *h = setup(&p, true, SIZE_MAX);
+	assert_ptr_not_null(h);
+	emm_addr_t a = xalloc(h, 4 * KIB, 0);
+	emm_addr_t big = xalloc(h, 4 * MIB, 0);
+	struct arena_job j = {.h = h, .freed_by_other = a};
+	pthread_t t;
+	assert_int_eq(pthread_create(&t, NULL, arena_thread, &j), 0);
+	pthread_join(t, NULL);
+	assert_int_eq(j.rc, 0);
+
+	struct emm_block_range ra, rb, rl, rbig;
+	assert_int_eq(emm_heap_find_block(j.small, &rb), 0);
+	assert_int_eq(emm_heap_find_block(j.large, &rl), 0);
+	assert_int_eq(emm_heap_find_block(big, &rbig), 0);
+	expect_true(rb.segment_base != a);                 /* the other arena's small segment */
+	expect_u64_eq(rl.segment_base, rbig.segment_base); /* the shared large pool */
+	expect_u64_eq(j.large, big + 4 * MIB);
+	expect_ptr_eq(rb.heap, h);
+	expect_int_eq(emm_heap_find_block(a, &ra), -ENOENT); /* freed by the other thread */
+	struct emm_stats st = heap_stats(h);
+	expect_u64_eq(st.segments, 3); /* a small segment per arena, one large */
+	expect_u64_eq(st.live_blocks, 3);
+	expect_u64_eq(st.pending_bytes, 4 * KIB); /* a, in its own arena's open epoch */
+	expect_u64_eq(st.reserved_bytes_peak, 2 * MIB + 2 * MIB + 20 * MIB);
+	/* Heap-wide allocated peak: within 1 MiB per arena of the truth. */
+	expect_true(st.allocated_bytes_peak <= 8 * KIB + 8 * MIB &&
+	            st.allocated_bytes_peak + 2 * MIB >= 8 * MIB);
+	CHECKH(h);
+
+	/* An announced non-blocking stream is known to every arena. */
+	emm_heap_stream_created(h, NB1, true);
+	xfree(j.small, 0);
+	expect_int_eq(emm_heap_flush(h), 0);
+	st = heap_stats(h);
+	expect_u64_eq(st.epochs_closed, 2);   /* one per arena */
+	expect_u64_eq(st.events_recorded, 4); /* legacy + NB1 in each */
+	fake_complete(&fence, 0);
+	expect_int_eq(emm_heap_flush(h), 0);
+	expect_u64_eq(heap_stats(h).pending_bytes, 0);
+	xfree(j.large, 0);
+	xfree(big, 0);
+	emm_heap_stream_destroyed(h, NB1);
+	expect_int_eq(emm_heap_release_idle(h, 0), 24 * MIB); /* every arena's idle segments */
+	st = heap_stats(h);
+	expect_u64_eq(st.segments, 0);
+	expect_u64_eq(st.reserved_bytes, 0);
+	teardown(h);
+}
+TEST_END
+
 int main(void)
 {
 	return emm_test_run(test_create_args, test_split_merge, test_best_fit, test_large_split_rules,
-			    test_max_split, test_stream_reuse, test_steal, test_epoch_fast_path,
-			    test_epoch_nonblocking, test_epoch_bytes, test_epoch_pressure, test_epoch_capture,
-			    test_stream_destroy, test_strict_mode, test_stream_mode, test_no_fence_ops, test_oom_retry,
-			    test_release_threshold, test_release_idle, test_bad_frees, test_find_block,
-			    test_destroy_forget, NULL);
+	                    test_max_split, test_stream_reuse, test_steal, test_epoch_fast_path,
+	                    test_epoch_nonblocking, test_epoch_bytes, test_epoch_pressure, test_epoch_capture,
+	                    test_stream_destroy, test_strict_mode, test_stream_mode, test_no_fence_ops,
+	                    test_oom_retry, test_release_threshold, test_release_idle, test_bad_frees,
+	                    test_find_block, test_destroy_forget, test_arenas, NULL);
 }

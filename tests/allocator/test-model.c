@@ -33,7 +33,7 @@
 #define GIB ((size_t)1 << 30)
 
 #define CHECK_EVERY 2000
-#define MAX_LIVE 1500
+#define MAX_LIVE    1500
 
 static uint64_t rng = 0x243f6a8885a308d3ull;
 
@@ -55,11 +55,11 @@ static size_t rnd_range(size_t lo, size_t hi) /* [lo, hi) */
 struct live {
 	struct emm_tree_node node; /* key (0, addr, 0) */
 	emm_addr_t addr;
-	size_t size;		   /* the block's size as the heap reports it */
+	size_t size; /* the block's size as the heap reports it */
 	size_t requested;
 	emm_stream_t stream;
 	uint64_t tag;
-	size_t idx;		   /* position in live_arr */
+	size_t idx; /* position in live_arr */
 };
 
 static struct emm_tree live_tree;
@@ -139,10 +139,10 @@ static struct fake_src src;
 static struct fake_fence fence;
 static long violations;
 
-#define VIOLATION(...)                                   \
-	do {                                             \
-		if (violations++ < 10)                   \
-			emm_test_fail_(__VA_ARGS__);     \
+#define VIOLATION(...)                                                                                       \
+	do {                                                                                                 \
+		if (violations++ < 10)                                                                       \
+			emm_test_fail_(__VA_ARGS__);                                                         \
 	} while (0)
 
 /* Is [addr, addr+size) inside a segment the source gave and still holds? */
@@ -172,7 +172,8 @@ static void model_add(emm_heap_t *h, emm_addr_t addr, size_t req, emm_stream_t s
 	}
 	if (addr < r.segment_base || addr + r.size > r.segment_base + r.segment_size ||
 	    !in_source_segment(r.segment_base, r.segment_size))
-		VIOLATION("block 0x%llx (+%zu) outside a live source segment", (unsigned long long)addr, r.size);
+		VIOLATION("block 0x%llx (+%zu) outside a live source segment", (unsigned long long)addr,
+		          r.size);
 
 	struct live *l = malloc(sizeof(*l));
 	l->addr = addr;
@@ -187,13 +188,13 @@ static void model_add(emm_heap_t *h, emm_addr_t addr, size_t req, emm_stream_t s
 		struct live *s = (struct live *)succ;
 		if (s->addr < addr + l->size)
 			VIOLATION("0x%llx (+%zu) overlaps live 0x%llx", (unsigned long long)addr, l->size,
-				  (unsigned long long)s->addr);
+			          (unsigned long long)s->addr);
 	}
 	if (pred) {
 		struct live *p = (struct live *)pred;
 		if (p->addr + p->size > addr)
 			VIOLATION("0x%llx overlaps live 0x%llx (+%zu)", (unsigned long long)addr,
-				  (unsigned long long)p->addr, p->size);
+			          (unsigned long long)p->addr, p->size);
 	}
 	uint64_t g[5];
 	unsigned k = granules(l, g);
@@ -224,7 +225,7 @@ static void model_remove(struct live *l)
 	for (unsigned i = 0; i < k; i++) {
 		if (shadow_get(g[i]) != l->tag)
 			VIOLATION("granule 0x%llx of 0x%llx lost its tag", (unsigned long long)g[i],
-				  (unsigned long long)l->addr);
+			          (unsigned long long)l->addr);
 		shadow_del(g[i]);
 	}
 	emm_tree_remove(&live_tree, &l->node);
@@ -261,7 +262,7 @@ static unsigned n_nb;
 static emm_stream_t next_nb = 0x70000;
 
 static const emm_stream_t fixed_streams[] = {
-	EMM_STREAM_LEGACY, EMM_STREAM_PER_THREAD_KEY(0), EMM_STREAM_PER_THREAD_KEY(1), 0x5000, 0x6000,
+    EMM_STREAM_LEGACY, EMM_STREAM_PER_THREAD_KEY(0), EMM_STREAM_PER_THREAD_KEY(1), 0x5000, 0x6000,
 };
 
 static emm_stream_t pick_stream(void)
@@ -287,8 +288,8 @@ static void check_counters(emm_heap_t *h)
 	struct emm_stats st = heap_stats(h);
 	if (st.live_blocks != nlive || st.requested_bytes != live_requested)
 		VIOLATION("counters: %llu live blocks / %llu requested bytes, model %zu / %llu",
-			  (unsigned long long)st.live_blocks, (unsigned long long)st.requested_bytes, nlive,
-			  (unsigned long long)live_requested);
+		          (unsigned long long)st.live_blocks, (unsigned long long)st.requested_bytes, nlive,
+		          (unsigned long long)live_requested);
 	if (st.reserved_bytes != src.used)
 		VIOLATION("reserved %llu, source says %zu", (unsigned long long)st.reserved_bytes, src.used);
 	if (emm_heap_check(h) != 0)
@@ -335,16 +336,17 @@ TEST_BEGIN(test_model_mixed)
 				continue;
 			unsigned k = (unsigned)(rnd() % 10);
 			emm_stream_t st = k < 5 ? EMM_STREAM_SYNC
-				: k < 8 && l->stream != EMM_STREAM_SYNC && stream_alive(l->stream) ? l->stream
-				: pick_stream();
+			                  : k < 8 && l->stream != EMM_STREAM_SYNC && stream_alive(l->stream)
+			                      ? l->stream
+			                      : pick_stream();
 			size_t req = 0;
 			emm_addr_t a = l->addr;
 			size_t want = l->requested;
 			model_remove(l);
 			int rc = emm_heap_free(a, st, &req);
 			if (rc != 0 || req != want)
-				VIOLATION("free 0x%llx: %d, requested %zu (want %zu)", (unsigned long long)a, rc, req,
-					  want);
+				VIOLATION("free 0x%llx: %d, requested %zu (want %zu)", (unsigned long long)a,
+				          rc, req, want);
 			/* And once more: now a double free. */
 			if (rnd() % 64 == 0 && emm_heap_free(a, st, NULL) != -EINVAL)
 				VIOLATION("double free of 0x%llx not refused", (unsigned long long)a);
@@ -391,16 +393,18 @@ TEST_BEGIN(test_model_mixed)
 	fence.fail_record = 0;
 	check_counters(h);
 	struct emm_stats st = heap_stats(h);
-	fprintf(stderr,
-		"  run A: %ld allocs, %ld frees, %ld ENOMEM; hits %llu misses %llu splits %llu merges %llu, "
-		"epochs %llu, events %llu, queries %llu, stream waits %llu, host waits %llu, oom retries %llu, "
-		"backend %llu/%llu, peak reserved %llu MiB\n",
-		allocs, frees, enomem, (unsigned long long)st.hits, (unsigned long long)st.misses,
-		(unsigned long long)st.splits, (unsigned long long)st.merges, (unsigned long long)st.epochs_closed,
-		(unsigned long long)st.events_recorded, (unsigned long long)st.event_queries,
-		(unsigned long long)st.stream_waits, (unsigned long long)st.host_waits,
-		(unsigned long long)st.oom_retries, (unsigned long long)st.backend_allocs,
-		(unsigned long long)st.backend_frees, (unsigned long long)(st.reserved_bytes_peak >> 20));
+	fprintf(
+	    stderr,
+	    "  run A: %ld allocs, %ld frees, %ld ENOMEM; hits %llu misses %llu splits %llu merges %llu, "
+	    "epochs %llu, events %llu, queries %llu, stream waits %llu, host waits %llu, oom retries %llu, "
+	    "backend %llu/%llu, peak reserved %llu MiB\n",
+	    allocs, frees, enomem, (unsigned long long)st.hits, (unsigned long long)st.misses,
+	    (unsigned long long)st.splits, (unsigned long long)st.merges,
+	    (unsigned long long)st.epochs_closed, (unsigned long long)st.events_recorded,
+	    (unsigned long long)st.event_queries, (unsigned long long)st.stream_waits,
+	    (unsigned long long)st.host_waits, (unsigned long long)st.oom_retries,
+	    (unsigned long long)st.backend_allocs, (unsigned long long)st.backend_frees,
+	    (unsigned long long)(st.reserved_bytes_peak >> 20));
 	expect_true(allocs > 300000);
 	expect_true(st.hits > st.misses * 10);
 	expect_true(st.stream_waits > 0 && st.oom_retries > 0 && st.epochs_closed > 0);
@@ -475,8 +479,8 @@ static long freed_check_reuse(emm_addr_t addr, size_t size, size_t max_done)
 		n = emm_tree_next(n);
 		if (max_done <= f->events_at_free)
 			VIOLATION("0x%llx reused before any fence after its free completed (freed with %zu "
-				  "events recorded, highest complete %zu)",
-				  (unsigned long long)f->addr, f->events_at_free, max_done);
+			          "events recorded, highest complete %zu)",
+			          (unsigned long long)f->addr, f->events_at_free, max_done);
 		emm_tree_remove(&freed_tree, &f->node);
 		free(f);
 		n_reused++;
@@ -536,10 +540,12 @@ TEST_BEGIN(test_model_fence_rule)
 	}
 	check_counters(h);
 	struct emm_stats st = heap_stats(h);
-	fprintf(stderr, "  run B: %ld reuses checked; hits %llu, epochs %llu, events %llu, queries %llu, "
-		"host waits %llu\n", reuses, (unsigned long long)st.hits, (unsigned long long)st.epochs_closed,
-		(unsigned long long)st.events_recorded, (unsigned long long)st.event_queries,
-		(unsigned long long)st.host_waits);
+	fprintf(stderr,
+	        "  run B: %ld reuses checked; hits %llu, epochs %llu, events %llu, queries %llu, "
+	        "host waits %llu\n",
+	        reuses, (unsigned long long)st.hits, (unsigned long long)st.epochs_closed,
+	        (unsigned long long)st.events_recorded, (unsigned long long)st.event_queries,
+	        (unsigned long long)st.host_waits);
 	expect_true(st.hits > 100000);
 	expect_true(reuses > 10000);
 	while (nlive) {

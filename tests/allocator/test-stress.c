@@ -20,8 +20,8 @@
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
 
-#define THREADS 8
-#define HELD 64
+#define THREADS       8
+#define HELD          64
 #define SHARED_STREAM ((emm_stream_t)0x4000)
 
 static unsigned iterations = 60000;
@@ -78,9 +78,10 @@ static void *worker(void *arg)
 		uint64_t r = xs(&rng);
 		if (n < HELD && (n == 0 || r % 2)) {
 			size_t size = r % 16 ? 1 + (size_t)(xs(&rng) % (64 * KIB))
-					     : 1 + (size_t)(xs(&rng) % (12 * MIB));
-			emm_stream_t s = (r >> 8) % 3 == 0 ? EMM_STREAM_SYNC
-				       : (r >> 8) % 3 == 1 ? own : SHARED_STREAM;
+			                     : 1 + (size_t)(xs(&rng) % (12 * MIB));
+			emm_stream_t s = (r >> 8) % 3 == 0   ? EMM_STREAM_SYNC
+			                 : (r >> 8) % 3 == 1 ? own
+			                                     : SHARED_STREAM;
 			emm_addr_t a;
 			int rc = emm_heap_alloc(heap, size, s, &a);
 			if (rc == -ENOMEM)
@@ -93,7 +94,7 @@ static void *worker(void *arg)
 			_Atomic uint32_t *slot = slot_of(a);
 			if (slot && !atomic_compare_exchange_strong(slot, &expect, tag)) {
 				fprintf(stderr, "thread %u: 0x%llx already owned by %u\n", id,
-					(unsigned long long)a, expect);
+				        (unsigned long long)a, expect);
 				atomic_fetch_add(&errors, 1);
 			}
 			held[n++] = (struct held){a, size, s};
@@ -104,8 +105,8 @@ static void *worker(void *arg)
 			uint32_t expect = tag;
 			_Atomic uint32_t *slot = slot_of(hb.addr);
 			if (slot && !atomic_compare_exchange_strong(slot, &expect, 0)) {
-				fprintf(stderr, "thread %u: lost 0x%llx to %u\n", id, (unsigned long long)hb.addr,
-					expect);
+				fprintf(stderr, "thread %u: lost 0x%llx to %u\n", id,
+				        (unsigned long long)hb.addr, expect);
 				atomic_fetch_add(&errors, 1);
 			}
 			size_t req = 0;
@@ -204,13 +205,16 @@ static void run(enum emm_free_mode mode, size_t release_threshold, unsigned aren
 	expect_u64_eq(st.allocs, st.frees);
 	expect_u64_eq(st.reserved_bytes, src.used);
 	fprintf(stderr,
-		"  mode %d, %u arenas, %zu MiB: %llu allocs, hits %llu, misses %llu, epochs %llu, stream waits %llu, "
-		"oom retries %llu, %ld unchecked, backend %llu/%llu, peak reserved %llu MiB, peak allocated %llu MiB\n",
-		(int)mode, arenas, capacity >> 20, (unsigned long long)st.allocs, (unsigned long long)st.hits,
-		(unsigned long long)st.misses, (unsigned long long)st.epochs_closed,
-		(unsigned long long)st.stream_waits, (unsigned long long)st.oom_retries, atomic_load(&unchecked), (unsigned long long)st.backend_allocs,
-		(unsigned long long)st.backend_frees, (unsigned long long)(st.reserved_bytes_peak >> 20),
-		(unsigned long long)(st.allocated_bytes_peak >> 20));
+	        "  mode %d, %u arenas, %zu MiB: %llu allocs, hits %llu, misses %llu, epochs %llu, stream "
+	        "waits %llu, "
+	        "oom retries %llu, %ld unchecked, backend %llu/%llu, peak reserved %llu MiB, peak allocated "
+	        "%llu MiB\n",
+	        (int)mode, arenas, capacity >> 20, (unsigned long long)st.allocs, (unsigned long long)st.hits,
+	        (unsigned long long)st.misses, (unsigned long long)st.epochs_closed,
+	        (unsigned long long)st.stream_waits, (unsigned long long)st.oom_retries,
+	        atomic_load(&unchecked), (unsigned long long)st.backend_allocs,
+	        (unsigned long long)st.backend_frees, (unsigned long long)(st.reserved_bytes_peak >> 20),
+	        (unsigned long long)(st.allocated_bytes_peak >> 20));
 	emm_heap_destroy(heap, true);
 	expect_u64_eq(src.used, 0);
 	expect_int_eq(src.bad_frees, 0);
@@ -254,8 +258,8 @@ int main(void)
 	shadow = calloc(SHADOW_SLOTS, sizeof(*shadow));
 	if (!shadow)
 		return 1;
-	int r = emm_test_run(test_stress_fence, test_stress_strict_release, test_stress_stream, test_stress_oom,
-				 NULL);
+	int r = emm_test_run(test_stress_fence, test_stress_strict_release, test_stress_stream,
+	                     test_stress_oom, NULL);
 	free((void *)shadow);
 	return r;
 }

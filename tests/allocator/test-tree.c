@@ -182,9 +182,11 @@ TEST_BEGIN(test_random)
 			expect_ptr_eq(lb, &ref[i]->node);
 		if (ref_n) {
 			struct item *r = ref[rnd() % ref_n];
-			expect_ptr_eq(emm_tree_find(&t, r->node.key[0], r->node.key[1], r->node.key[2]), &r->node);
-			expect_ptr_eq(emm_tree_lower_bound(&t, r->node.key[0], r->node.key[1], r->node.key[2]),
-				      &r->node);
+			expect_ptr_eq(emm_tree_find(&t, r->node.key[0], r->node.key[1], r->node.key[2]),
+			              &r->node);
+			expect_ptr_eq(
+			    emm_tree_lower_bound(&t, r->node.key[0], r->node.key[1], r->node.key[2]),
+			    &r->node);
 		}
 		if (op % 1000 == 0) {
 			size_t j = 0;

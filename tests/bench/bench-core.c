@@ -90,8 +90,10 @@ static void f_release(void *ctx, uint64_t ev)
 }
 
 static const struct emm_fence_ops fence_ops = {
-	.record = f_record, .query = f_query, .stream_wait = f_wait,
-	.release = f_release,
+    .record = f_record,
+    .query = f_query,
+    .stream_wait = f_wait,
+    .release = f_release,
 };
 
 /* --- timing --------------------------------------------------------------- */
@@ -171,7 +173,8 @@ static emm_heap_t *make_heap(enum path p)
 
 /* Run `threads` loops on one heap; fill the median, p10, p90 of all
  * threads' batch samples (ns per pair) and the aggregate pairs/s. */
-static void run(enum path p, size_t size, unsigned threads, double *med, double *p10, double *p90, double *mops)
+static void run(enum path p, size_t size, unsigned threads, double *med, double *p10, double *p90,
+                double *mops)
 {
 	emm_heap_t *h = make_heap(p), *priv[8] = {NULL};
 	struct job jobs[8];
@@ -184,11 +187,11 @@ static void run(enum path p, size_t size, unsigned threads, double *med, double 
 		if (private_heaps && t > 0)
 			priv[t] = make_heap(p);
 		jobs[t] = (struct job){
-			.heap = priv[t] ? priv[t] : h,
-			.size = size,
-			.stream = p == PATH_STREAM ? EMM_STREAM_PER_THREAD_KEY(t) : EMM_STREAM_SYNC,
-			.samples = all + (size_t)t * batches,
-			.barrier = threads > 1 ? &bar : NULL,
+		    .heap = priv[t] ? priv[t] : h,
+		    .size = size,
+		    .stream = p == PATH_STREAM ? EMM_STREAM_PER_THREAD_KEY(t) : EMM_STREAM_SYNC,
+		    .samples = all + (size_t)t * batches,
+		    .barrier = threads > 1 ? &bar : NULL,
 		};
 	}
 	if (threads == 1) {

@@ -95,7 +95,7 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->roundup_divisions == b->roundup_divisions && a->release_threshold == b->release_threshold &&
 	       a->oom_retry == b->oom_retry && a->free_mode == b->free_mode && a->epoch_blocks == b->epoch_blocks &&
 	       a->epoch_bytes == b->epoch_bytes && a->meminfo_cached == b->meminfo_cached &&
-	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims;
+	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas;
 }
 
 /* ------------------------------------------------------------------------
@@ -119,7 +119,8 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_u64_eq(o->release_threshold, SIZE_MAX);
 	expect_true(o->oom_retry);
 	expect_int_eq(o->free_mode, EMM_OPT_FREE_FENCE);
-	expect_int_eq(o->epoch_blocks, 16);
+	expect_int_eq(o->epoch_blocks, 32);
+	expect_int_eq(o->arenas, 0);
 	expect_u64_eq(o->epoch_bytes, 64u << 20);
 	expect_true(o->meminfo_cached);
 	expect_true(o->pinned);
@@ -173,6 +174,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_MEMINFO_CACHED=False",
 		"EMM_PINNED=0",
 		"EMM_RUNTIME_SHIMS=NO",
+		"EMM_ARENAS=4",
 		NULL,
 	};
 	struct parsed p;
@@ -202,6 +204,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.meminfo_cached);
 	expect_false(p.o.pinned);
 	expect_false(p.o.runtime_shims);
+	expect_int_eq(p.o.arenas, 4);
 	for (int i = 0; i < EMM_OPT__COUNT; i++)
 		expect_int_eq(p.src[i], EMM_OPTION_ENV);
 }
@@ -216,7 +219,9 @@ TEST_BEGIN(test_option_names)
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
+		"ARENAS",
 	};
+	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 
 	for (int i = 0; i < EMM_OPT__COUNT; i++) {
 		assert_ptr_not_null(emm_option_name((enum emm_option_id)i));
@@ -461,6 +466,7 @@ TEST_BEGIN(test_invalid_uints)
 {
 	EXPECT_INVALID(EMM_OPT_VERBOSE, "", "4", "-1", "99999999999", "abc", "1.0", "2x", "on", "+1");
 	EXPECT_INVALID(EMM_OPT_EPOCH_BLOCKS, "", "0", "65537", "-16", "99999999999999999999", "16K", "lots");
+	EXPECT_INVALID(EMM_OPT_ARENAS, "", "65", "-1", "auto", "1.5", "99999999999");
 	/* 0 or a power of two up to 64. */
 	EXPECT_INVALID(EMM_OPT_ROUNDUP_DIVISIONS, "", "3", "6", "12", "63", "65", "128", "-4", "abc", "4294967296");
 }
@@ -877,7 +883,7 @@ TEST_BEGIN(test_print)
 	EXPECT_LINE("EPOCH_BYTES", "= 3K (env)\n");
 	EXPECT_LINE("FREE_MODE", "= fence (default)\n");
 	EXPECT_LINE("OOM_RETRY", "= on (default)\n");
-	EXPECT_LINE("EPOCH_BLOCKS", "= 16 (default)\n");
+	EXPECT_LINE("EPOCH_BLOCKS", "= 32 (default)\n");
 
 	/* Without sources every line says default. */
 	capture_begin();

@@ -4,6 +4,7 @@ which reach the driver through cuGetProcAddress_v2): cuda.to_device,
 cuda.device_array, a small kernel, results compared on the host; pinned and
 mapped host arrays; frees forced through Numba's deallocation queue. Every
 allocation must be served by libemm's pool."""
+import gc
 import os
 import sys
 
@@ -45,7 +46,9 @@ def affine(x, out):
 
 
 def flush_frees():
-    """Numba defers frees; empty the queue now."""
+    """Numba defers frees, and a device array can sit in a reference cycle
+    (the dispatcher's argument handling): collect, then empty the queue."""
+    gc.collect()
     cuda.current_context().deallocations.clear()
     cuda.synchronize()
 

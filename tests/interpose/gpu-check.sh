@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: MIT
 # tests/interpose/gpu-check.sh BUILDDIR - the interpose tests against the
 # real driver and the real shared cudart, on a machine with a GPU, from a
 # build made elsewhere (no meson needed): resolver rows with and without

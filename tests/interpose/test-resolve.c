@@ -33,26 +33,63 @@ typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProc
 typedef CUresult (*gpa1_fn)(const char *, void **, int, cuuint64_t);
 
 #define EMM_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-#define UNWRITTEN_PTR ((void *)0x5a5a5a5a)
-#define UNWRITTEN_STATUS ((CUdriverProcAddressQueryResult)0x77)
+#define UNWRITTEN_PTR     ((void *)0x5a5a5a5a)
+#define UNWRITTEN_STATUS  ((CUdriverProcAddressQueryResult)0x77)
 
 static const char *mode = "ref";
 static void *libcuda;
 
 static const char *const lookup_names[] = {
-	"cuMemAlloc", "cuMemFree", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync",
-	"cuMemAllocPitch", "cuMemAllocHost", "cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister",
-	"cuMemHostUnregister", "cuMemAllocManaged", "cuMemGetInfo", "cuMemGetAddressRange",
-	"cuPointerGetAttribute", "cuIpcGetMemHandle", "cuStreamCreate", "cuStreamDestroy", "cuEventRecord",
-	"cuInit", "cuCtxCreate", "cuDriverGetVersion", "cuGetProcAddress", "cuNoSuchFunction",
+    "cuMemAlloc",
+    "cuMemFree",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemAllocFromPoolAsync",
+    "cuMemAllocPitch",
+    "cuMemAllocHost",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostRegister",
+    "cuMemHostUnregister",
+    "cuMemAllocManaged",
+    "cuMemGetInfo",
+    "cuMemGetAddressRange",
+    "cuPointerGetAttribute",
+    "cuIpcGetMemHandle",
+    "cuStreamCreate",
+    "cuStreamDestroy",
+    "cuEventRecord",
+    "cuInit",
+    "cuCtxCreate",
+    "cuDriverGetVersion",
+    "cuGetProcAddress",
+    "cuNoSuchFunction",
 };
-static const int versions[] = { 2000, 3020, 11020, 11030, 12000, 13000, 99000 };
+static const int versions[] = {2000, 3020, 11020, 11030, 12000, 13000, 99000};
 
 static const char *const dlsym_names[] = {
-	"cuMemAlloc_v2", "cuMemAlloc", "cuMemFree_v2", "cuMemFree", "cuMemAllocAsync", "cuMemAllocAsync_ptsz",
-	"cuMemFreeAsync", "cuMemFreeAsync_ptsz", "cuMemAllocPitch_v2", "cuMemAllocPitch", "cuMemAllocHost_v2",
-	"cuMemHostAlloc", "cuMemFreeHost", "cuMemHostRegister_v2", "cuMemGetInfo_v2", "cuMemGetInfo", "cuInit",
-	"cuGetProcAddress", "cuGetProcAddress_v2", "cuDriverGetVersion", "cuNoSuchFunction", "fakecuda_calls",
+    "cuMemAlloc_v2",
+    "cuMemAlloc",
+    "cuMemFree_v2",
+    "cuMemFree",
+    "cuMemAllocAsync",
+    "cuMemAllocAsync_ptsz",
+    "cuMemFreeAsync",
+    "cuMemFreeAsync_ptsz",
+    "cuMemAllocPitch_v2",
+    "cuMemAllocPitch",
+    "cuMemAllocHost_v2",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuMemHostRegister_v2",
+    "cuMemGetInfo_v2",
+    "cuMemGetInfo",
+    "cuInit",
+    "cuGetProcAddress",
+    "cuGetProcAddress_v2",
+    "cuDriverGetVersion",
+    "cuNoSuchFunction",
+    "fakecuda_calls",
 };
 
 static const char *basename_of(const char *path)
@@ -75,7 +112,7 @@ static void describe(const void *p, char *out, size_t len)
 		snprintf(out, len, "?\t?");
 	else
 		snprintf(out, len, "%s\t%s", basename_of(info.dli_fname),
-			 info.dli_saddr == p && info.dli_sname ? info.dli_sname : "?");
+		         info.dli_saddr == p && info.dli_sname ? info.dli_sname : "?");
 }
 
 static bool owned_by(const void *p, const char *base_prefix)
@@ -109,10 +146,10 @@ static void rows_v2(const char *tag, gpa2_fn gpa)
 					CUdriverProcAddressQueryResult st = UNWRITTEN_STATUS;
 					void *p = UNWRITTEN_PTR;
 					CUresult r = gpa(lookup_names[n], &p, versions[v], flags,
-							 with_status ? &st : NULL);
+					                 with_status ? &st : NULL);
 
 					snprintf(what, sizeof(what), "%s %s v%d f%u %s", tag, lookup_names[n],
-						 versions[v], flags, with_status ? "status" : "nostatus");
+					         versions[v], flags, with_status ? "status" : "nostatus");
 					row(what, r, with_status ? (int)st : -1, p);
 				}
 }
@@ -127,7 +164,8 @@ static void rows_v1(const char *tag, gpa1_fn gpa)
 				void *p = UNWRITTEN_PTR;
 				CUresult r = gpa(lookup_names[n], &p, versions[v], flags);
 
-				snprintf(what, sizeof(what), "%s %s v%d f%u", tag, lookup_names[n], versions[v], flags);
+				snprintf(what, sizeof(what), "%s %s v%d f%u", tag, lookup_names[n],
+				         versions[v], flags);
 				row(what, r, -1, p);
 			}
 }
@@ -204,7 +242,7 @@ TEST_END
  * driver chose for that version; it must work as that ABI. */
 TEST_BEGIN(test_resolver_for_itself)
 {
-	static const int self_versions[] = { 11030, 12000, 13000 };
+	static const int self_versions[] = {11030, 12000, 13000};
 	char what[256];
 
 	assert_ptr_not_null(gpa2);
@@ -262,7 +300,7 @@ TEST_END
  */
 TEST_BEGIN(test_exempt_callers)
 {
-	static const char *const libs[] = { "libnvidia-emmtest.so", "libemm-backend-emmtest.so" };
+	static const char *const libs[] = {"libnvidia-emmtest.so", "libemm-backend-emmtest.so"};
 
 	assert_ptr_not_null(gpa2);
 	for (size_t i = 0; i < EMM_ARRAY_SIZE(libs); i++) {
@@ -334,9 +372,9 @@ int main(int argc, char **argv)
 	if (argc > 1)
 		mode = argv[1];
 	return emm_test_run(test_open, test_dlsym_rows, test_resolver_rows, test_resolver_for_itself,
-			    test_bad_arguments, test_exempt_callers, test_dlmopen_namespace,
+	                    test_bad_arguments, test_exempt_callers, test_dlmopen_namespace,
 #ifdef LINKED
-			    test_direct,
+	                    test_direct,
 #endif
-			    NULL);
+	                    NULL);
 }

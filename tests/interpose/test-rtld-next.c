@@ -172,5 +172,5 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_setup, test_getenv_wrapper, test_next_from_library, test_next_from_program,
-			    test_default_local_scope, NULL);
+	                    test_default_local_scope, NULL);
 }

@@ -24,17 +24,17 @@
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr, unsigned long long flags,
-					 enum cudaDriverEntryPointQueryResult *driverStatus);
-cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr, unsigned int cudaVersion,
-						  unsigned long long flags,
-						  enum cudaDriverEntryPointQueryResult *driverStatus);
+                                         enum cudaDriverEntryPointQueryResult *driverStatus);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr,
+                                                  unsigned int cudaVersion, unsigned long long flags,
+                                                  enum cudaDriverEntryPointQueryResult *driverStatus);
 /* Weak: absent when the program runs against the real cudart (the
  * test-runtime-shims-cudart build for the GPU machine); then which path
  * served a call is not observable, and only results are checked. */
 __attribute__((weak)) uint64_t fakecudart_calls(const char *name);
 
 static const char *config = "ref";
-static bool fast;   /* the fast path is expected to serve */
+static bool fast;    /* the fast path is expected to serve */
 static bool shimmed; /* libemm is loaded and enabled (resolvers substitute) */
 
 static int (*stats_get)(int, struct emm_stats *);
@@ -64,15 +64,15 @@ static int calls_delta(void)
 	return fake_cudart() ? (int)(fakecudart_calls(calls_name) - calls_before) : -1;
 }
 
-#define EXPECT_DELEGATED()                                  \
-	do {                                                \
-		if (fake_cudart())                          \
-			expect_int_eq(calls_delta(), 1);    \
+#define EXPECT_DELEGATED()                                                                                   \
+	do {                                                                                                 \
+		if (fake_cudart())                                                                           \
+			expect_int_eq(calls_delta(), 1);                                                     \
 	} while (0)
-#define EXPECT_SERVED_BY_LIBEMM(served)                                     \
-	do {                                                                \
-		if (fake_cudart())                                          \
-			expect_int_eq(calls_delta(), (served) ? 0 : 1);     \
+#define EXPECT_SERVED_BY_LIBEMM(served)                                                                      \
+	do {                                                                                                 \
+		if (fake_cudart())                                                                           \
+			expect_int_eq(calls_delta(), (served) ? 0 : 1);                                      \
 	} while (0)
 
 /* Touch memory the runtime handed out (host memory in the test double). */
@@ -130,7 +130,7 @@ static void *driver_raw(const char *name)
 
 TEST_BEGIN(test_setup)
 {
-	static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17" };
+	static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
 
 	for (size_t i = 0; i < sizeof(versions) / sizeof(versions[0]) && !real_dlsym; i++)
 		real_dlsym = (void *(*)(void *, const char *))dlvsym(RTLD_DEFAULT, "dlsym", versions[i]);
@@ -204,7 +204,8 @@ TEST_END
 /* Errors and foreign pointers go to cudart, which records them. */
 TEST_BEGIN(test_errors_delegate)
 {
-	CUresult (*raw_alloc)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))driver_raw("cuMemAlloc_v2");
+	CUresult (*raw_alloc)(CUdeviceptr *, size_t) =
+	    (CUresult(*)(CUdeviceptr *, size_t))driver_raw("cuMemAlloc_v2");
 	void *p = NULL, *q = NULL;
 	CUdeviceptr foreign = 0;
 
@@ -250,9 +251,9 @@ TEST_END
 TEST_BEGIN(test_async)
 {
 	CUresult (*stream_create)(CUstream *, unsigned int) =
-		(CUresult(*)(CUstream *, unsigned int))dlsym(libcuda, "cuStreamCreate");
+	    (CUresult(*)(CUstream *, unsigned int))dlsym(libcuda, "cuStreamCreate");
 	CUresult (*stream_destroy)(CUstream) = (CUresult(*)(CUstream))dlsym(libcuda, "cuStreamDestroy_v2");
-	cudaStream_t streams[] = { NULL, cudaStreamLegacy, cudaStreamPerThread, NULL };
+	cudaStream_t streams[] = {NULL, cudaStreamLegacy, cudaStreamPerThread, NULL};
 	CUstream s = NULL;
 
 	assert_true(stream_create && stream_destroy);
@@ -294,10 +295,11 @@ TEST_END
 TEST_BEGIN(test_async_capture_delegates)
 {
 	CUresult (*stream_create)(CUstream *, unsigned int) =
-		(CUresult(*)(CUstream *, unsigned int))dlsym(libcuda, "cuStreamCreate");
+	    (CUresult(*)(CUstream *, unsigned int))dlsym(libcuda, "cuStreamCreate");
 	CUresult (*begin)(CUstream, CUstreamCaptureMode) =
-		(CUresult(*)(CUstream, CUstreamCaptureMode))dlsym(libcuda, "cuStreamBeginCapture_v2");
-	CUresult (*end)(CUstream, CUgraph *) = (CUresult(*)(CUstream, CUgraph *))dlsym(libcuda, "cuStreamEndCapture");
+	    (CUresult(*)(CUstream, CUstreamCaptureMode))dlsym(libcuda, "cuStreamBeginCapture_v2");
+	CUresult (*end)(CUstream, CUgraph *) =
+	    (CUresult(*)(CUstream, CUgraph *))dlsym(libcuda, "cuStreamEndCapture");
 	CUresult (*stream_destroy)(CUstream) = (CUresult(*)(CUstream))dlsym(libcuda, "cuStreamDestroy_v2");
 	CUstream s = NULL;
 	CUgraph graph = NULL;
@@ -419,17 +421,17 @@ TEST_BEGIN(test_entry_points)
 		const char *expect_name;
 		bool shim;
 	} cases[] = {
-		{ "plain", "cuMemAlloc", 0, 0, 0, "cuMemAlloc_v2", true },
-		{ "plain legacy", "cuMemAllocAsync", 0, 0, cudaEnableLegacyStream, "cuMemAllocAsync", true },
-		{ "plain ptds", "cuMemAllocAsync", 0, 0, cudaEnablePerThreadDefaultStream, "cuMemAllocAsync_ptsz",
-		  true },
-		{ "ptsz default", "cuMemAllocAsync", 1, 0, 0, "cuMemAllocAsync_ptsz", true },
-		{ "ptsz legacy", "cuMemFreeAsync", 1, 0, cudaEnableLegacyStream, "cuMemFreeAsync", true },
-		{ "by-version v1", "cuMemAlloc", 2, 2000, 0, "cuMemAlloc", false },
-		{ "by-version v2", "cuMemAlloc", 2, 12000, 0, "cuMemAlloc_v2", true },
-		{ "by-version-ptsz", "cuMemFreeAsync", 3, 12000, 0, "cuMemFreeAsync_ptsz", true },
-		{ "no shim", "cuInit", 2, 12000, 0, "cuInit", false },
-		{ "resolver", "cuGetProcAddress", 2, 12000, 0, "cuGetProcAddress_v2", true },
+	    {"plain", "cuMemAlloc", 0, 0, 0, "cuMemAlloc_v2", true},
+	    {"plain legacy", "cuMemAllocAsync", 0, 0, cudaEnableLegacyStream, "cuMemAllocAsync", true},
+	    {"plain ptds", "cuMemAllocAsync", 0, 0, cudaEnablePerThreadDefaultStream, "cuMemAllocAsync_ptsz",
+	     true},
+	    {"ptsz default", "cuMemAllocAsync", 1, 0, 0, "cuMemAllocAsync_ptsz", true},
+	    {"ptsz legacy", "cuMemFreeAsync", 1, 0, cudaEnableLegacyStream, "cuMemFreeAsync", true},
+	    {"by-version v1", "cuMemAlloc", 2, 2000, 0, "cuMemAlloc", false},
+	    {"by-version v2", "cuMemAlloc", 2, 12000, 0, "cuMemAlloc_v2", true},
+	    {"by-version-ptsz", "cuMemFreeAsync", 3, 12000, 0, "cuMemFreeAsync_ptsz", true},
+	    {"no shim", "cuInit", 2, 12000, 0, "cuInit", false},
+	    {"resolver", "cuGetProcAddress", 2, 12000, 0, "cuGetProcAddress_v2", true},
 	};
 
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
@@ -452,13 +454,13 @@ TEST_BEGIN(test_entry_points)
 			break;
 		case 2:
 			calls_mark("cudaGetDriverEntryPointByVersion");
-			err = cudaGetDriverEntryPointByVersion(cases[i].symbol, &fn, cases[i].version, cases[i].flags,
-							       &st);
+			err = cudaGetDriverEntryPointByVersion(cases[i].symbol, &fn, cases[i].version,
+			                                       cases[i].flags, &st);
 			break;
 		default:
 			calls_mark("cudaGetDriverEntryPointByVersion_ptsz");
 			err = cudaGetDriverEntryPointByVersion_ptsz(cases[i].symbol, &fn, cases[i].version,
-								    cases[i].flags, NULL);
+			                                            cases[i].flags, NULL);
 			st = cudaDriverEntryPointSuccess;
 			break;
 		}
@@ -468,17 +470,20 @@ TEST_BEGIN(test_entry_points)
 		file = owner(fn, &name);
 		if (strcmp(name, cases[i].expect_name) != 0 ||
 		    strncmp(file, shimmed && cases[i].shim ? "libemm" : "libcuda.so", 6) != 0)
-			emm_test_fail_("%s: %s came back as %s:%s", cases[i].what, cases[i].symbol, file, name);
+			emm_test_fail_("%s: %s came back as %s:%s", cases[i].what, cases[i].symbol, file,
+			               name);
 	}
 	/* Not found, and a version above the driver's: the driver's answers. */
 	{
 		enum cudaDriverEntryPointQueryResult st = cudaDriverEntryPointSuccess;
 		void *fn = (void *)1;
 
-		expect_int_eq(cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &fn, 12000, 0, &st), cudaSuccess);
+		expect_int_eq(cudaGetDriverEntryPointByVersion("cuNoSuchFunction", &fn, 12000, 0, &st),
+		              cudaSuccess);
 		expect_int_eq(st, cudaDriverEntryPointSymbolNotFound);
 		expect_ptr_null(fn);
-		expect_int_ne(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 99000, 0, &st), cudaSuccess);
+		expect_int_ne(cudaGetDriverEntryPointByVersion("cuMemAlloc", &fn, 99000, 0, &st),
+		              cudaSuccess);
 		(void)cudaGetLastError();
 	}
 }
@@ -503,7 +508,7 @@ int main(int argc, char **argv)
 	}
 	fast = strcmp(config, "emm") == 0;
 	shimmed = strcmp(config, "emm") == 0 || strcmp(config, "noshims") == 0;
-	return emm_test_run(test_setup, test_first_call_delegates, test_malloc_free, test_errors_delegate, test_async,
-			    test_async_capture_delegates, test_pinned, test_pass_through, test_entry_points,
-			    test_report_pointers, NULL);
+	return emm_test_run(test_setup, test_first_call_delegates, test_malloc_free, test_errors_delegate,
+	                    test_async, test_async_capture_delegates, test_pinned, test_pass_through,
+	                    test_entry_points, test_report_pointers, NULL);
 }

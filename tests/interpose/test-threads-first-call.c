@@ -20,7 +20,7 @@
 #include "emm_test.h"
 
 #define THREADS 8
-#define ALLOCS 64
+#define ALLOCS  64
 
 typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 
@@ -45,13 +45,13 @@ static bool owned_by_libemm(const void *p)
 	return strncmp(base ? base + 1 : info.dli_fname, "libemm", 6) == 0;
 }
 
-#define WORKER_CHECK(w, cond)                                                       \
-	do {                                                                        \
-		if (!(cond)) {                                                      \
-			if (!(w)->failures++)                                       \
-				snprintf((w)->why, sizeof((w)->why), "%s", #cond); \
-			return NULL;                                                \
-		}                                                                   \
+#define WORKER_CHECK(w, cond)                                                                                \
+	do {                                                                                                 \
+		if (!(cond)) {                                                                               \
+			if (!(w)->failures++)                                                                \
+				snprintf((w)->why, sizeof((w)->why), "%s", #cond);                           \
+			return NULL;                                                                         \
+		}                                                                                            \
 	} while (0)
 
 static void *resolve(gpa2_fn gpa, const char *name, int version, cuuint64_t flags)
@@ -93,10 +93,10 @@ static void *worker_main(void *arg)
 	alloc_async = (CUresult(*)(CUdeviceptr *, size_t, CUstream))resolve(gpa, "cuMemAllocAsync", 11020, 2);
 	free_async = (CUresult(*)(CUdeviceptr, CUstream))resolve(gpa, "cuMemFreeAsync", 11020, 2);
 	WORKER_CHECK(w, init && device_get && retain && set_current && mem_alloc && mem_free && alloc_async &&
-				free_async);
+	                    free_async);
 	w->all_libemm = owned_by_libemm((void *)gpa) && owned_by_libemm((void *)mem_alloc) &&
-			owned_by_libemm((void *)mem_free) && owned_by_libemm((void *)alloc_async) &&
-			owned_by_libemm((void *)free_async);
+	                owned_by_libemm((void *)mem_free) && owned_by_libemm((void *)alloc_async) &&
+	                owned_by_libemm((void *)free_async);
 	WORKER_CHECK(w, init(0) == CUDA_SUCCESS);
 	WORKER_CHECK(w, device_get(&dev, 0) == CUDA_SUCCESS);
 	WORKER_CHECK(w, retain(&ctx, dev) == CUDA_SUCCESS);
@@ -132,7 +132,7 @@ TEST_BEGIN(test_first_calls_race)
 
 	assert_int_eq(pthread_barrier_init(&start, NULL, THREADS), 0);
 	for (int i = 0; i < THREADS; i++) {
-		workers[i] = (struct worker){ .index = i };
+		workers[i] = (struct worker){.index = i};
 		assert_int_eq(pthread_create(&threads[i], NULL, worker_main, &workers[i]), 0);
 	}
 	for (int i = 0; i < THREADS; i++)
@@ -150,9 +150,9 @@ TEST_BEGIN(test_first_calls_race)
 	stats.struct_size = sizeof(stats);
 	assert_int_eq(stats_get(-1, &stats), 0);
 	fprintf(stderr, "allocs %llu frees %llu hits %llu misses %llu passthrough %llu backend allocs %llu\n",
-		(unsigned long long)stats.allocs, (unsigned long long)stats.frees, (unsigned long long)stats.hits,
-		(unsigned long long)stats.misses, (unsigned long long)stats.passthrough_allocs,
-		(unsigned long long)stats.backend_allocs);
+	        (unsigned long long)stats.allocs, (unsigned long long)stats.frees,
+	        (unsigned long long)stats.hits, (unsigned long long)stats.misses,
+	        (unsigned long long)stats.passthrough_allocs, (unsigned long long)stats.backend_allocs);
 	expect_int_eq(stats.allocs, THREADS * ALLOCS * 2);
 	expect_int_eq(stats.frees, THREADS * ALLOCS * 2);
 	expect_int_eq(stats.passthrough_allocs, 0);

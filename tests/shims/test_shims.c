@@ -312,12 +312,13 @@ TEST_END
  * count (EMM_EPOCH_BLOCKS, 16 by default). */
 static void free_and_close_epoch(CUdeviceptr big)
 {
-	CUdeviceptr small[20];
+	/* More frees than EMM_EPOCH_BLOCKS (32): the epoch closes by count. */
+	CUdeviceptr small[40];
 
-	for (int i = 0; i < 20; i++)
+	for (int i = 0; i < 40; i++)
 		assert_int_eq(cuMemAlloc(&small[i], 1024), CUDA_SUCCESS);
 	assert_int_eq(cuMemFree(big), CUDA_SUCCESS);
-	for (int i = 0; i < 20; i++)
+	for (int i = 0; i < 40; i++)
 		assert_int_eq(cuMemFree(small[i]), CUDA_SUCCESS);
 }
 

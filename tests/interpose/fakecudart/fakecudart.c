@@ -32,10 +32,10 @@
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr, unsigned long long flags,
-					 enum cudaDriverEntryPointQueryResult *driverStatus);
-cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr, unsigned int cudaVersion,
-						  unsigned long long flags,
-						  enum cudaDriverEntryPointQueryResult *driverStatus);
+                                         enum cudaDriverEntryPointQueryResult *driverStatus);
+cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr,
+                                                  unsigned int cudaVersion, unsigned long long flags,
+                                                  enum cudaDriverEntryPointQueryResult *driverStatus);
 API uint64_t fakecudart_calls(const char *name);
 API void fakecudart_reset_calls(void);
 
@@ -43,18 +43,20 @@ typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProc
 
 /* --- call counters ----------------------------------------------------------- */
 
-#define FUNCTIONS(X)                                                                                  \
-	X(cudaMalloc) X(cudaFree) X(cudaMallocAsync) X(cudaMallocAsync_ptsz) X(cudaFreeAsync)          \
-	X(cudaFreeAsync_ptsz) X(cudaMallocPitch) X(cudaMallocHost) X(cudaHostAlloc) X(cudaFreeHost)   \
-	X(cudaMallocManaged) X(cudaHostRegister) X(cudaHostUnregister) X(cudaMemGetInfo)             \
-	X(cudaGetLastError) X(cudaGetDriverEntryPoint) X(cudaGetDriverEntryPoint_ptsz)                \
-	X(cudaGetDriverEntryPointByVersion) X(cudaGetDriverEntryPointByVersion_ptsz) X(cudaMemset)
+#define FUNCTIONS(X)                                                                                         \
+	X(cudaMalloc)                                                                                        \
+	X(cudaFree) X(cudaMallocAsync) X(cudaMallocAsync_ptsz) X(cudaFreeAsync) X(cudaFreeAsync_ptsz)        \
+	    X(cudaMallocPitch) X(cudaMallocHost) X(cudaHostAlloc) X(cudaFreeHost) X(cudaMallocManaged)       \
+	        X(cudaHostRegister) X(cudaHostUnregister) X(cudaMemGetInfo) X(cudaGetLastError)              \
+	            X(cudaGetDriverEntryPoint) X(cudaGetDriverEntryPoint_ptsz)                               \
+	                X(cudaGetDriverEntryPointByVersion) X(cudaGetDriverEntryPointByVersion_ptsz)         \
+	                    X(cudaMemset)
 
 #define ENUM(name) FN_##name,
 enum { FUNCTIONS(ENUM) FN__COUNT };
 #undef ENUM
 #define NAME(name) #name,
-static const char *const function_names[] = { FUNCTIONS(NAME) };
+static const char *const function_names[] = {FUNCTIONS(NAME)};
 #undef NAME
 
 static atomic_uint_fast64_t calls[FN__COUNT];
@@ -78,7 +80,7 @@ API void fakecudart_reset_calls(void)
 /* --- the driver, as cudart reaches it ----------------------------------------- */
 
 static struct {
-	gpa2_fn gpa;	 /* through dlsym: libemm's when preloaded */
+	gpa2_fn gpa;     /* through dlsym: libemm's when preloaded */
 	gpa2_fn raw_gpa; /* through glibc's dlsym: the driver's own */
 	CUresult (*init)(unsigned int);
 	CUresult (*device_get)(CUdevice *, int);
@@ -114,7 +116,7 @@ static void *resolve(const char *name, int version, cuuint64_t flags)
 
 static void drv_load(void)
 {
-	static const char *const versions[] = { "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17" };
+	static const char *const versions[] = {"GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17"};
 	void *(*real_dlsym)(void *, const char *) = NULL;
 	void *h = dlopen("libcuda.so.1", RTLD_NOW);
 
@@ -196,11 +198,11 @@ static cudaError_t lazy_init(void)
 	return cudaSuccess;
 }
 
-#define INIT_OR_RETURN()                           \
-	do {                                       \
-		cudaError_t e_ = lazy_init();      \
-		if (e_ != cudaSuccess)             \
-			return e_;                 \
+#define INIT_OR_RETURN()                                                                                     \
+	do {                                                                                                 \
+		cudaError_t e_ = lazy_init();                                                                \
+		if (e_ != cudaSuccess)                                                                       \
+			return e_;                                                                           \
 	} while (0)
 
 #define DRIVER(call) record(to_runtime(call))
@@ -332,7 +334,7 @@ API cudaError_t cudaMemset(void *devPtr, int value, size_t count)
 }
 
 static cudaError_t entry_point(const char *symbol, void **funcPtr, int version, unsigned long long flags,
-			       enum cudaDriverEntryPointQueryResult *status)
+                               enum cudaDriverEntryPointQueryResult *status)
 {
 	INIT_OR_RETURN();
 	return DRIVER(drv.raw_gpa(symbol, funcPtr, version, flags, (CUdriverProcAddressQueryResult *)status));
@@ -344,30 +346,30 @@ static unsigned long long per_thread_flags(unsigned long long flags)
 }
 
 API cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPtr, unsigned long long flags,
-					enum cudaDriverEntryPointQueryResult *driverStatus)
+                                        enum cudaDriverEntryPointQueryResult *driverStatus)
 {
 	ENTER(cudaGetDriverEntryPoint);
 	return entry_point(symbol, funcPtr, CUDART_VERSION, flags, driverStatus);
 }
 
 API cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **funcPtr, unsigned long long flags,
-					     enum cudaDriverEntryPointQueryResult *driverStatus)
+                                             enum cudaDriverEntryPointQueryResult *driverStatus)
 {
 	ENTER(cudaGetDriverEntryPoint_ptsz);
 	return entry_point(symbol, funcPtr, CUDART_VERSION, per_thread_flags(flags), driverStatus);
 }
 
 API cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
-						 unsigned long long flags,
-						 enum cudaDriverEntryPointQueryResult *driverStatus)
+                                                 unsigned long long flags,
+                                                 enum cudaDriverEntryPointQueryResult *driverStatus)
 {
 	ENTER(cudaGetDriverEntryPointByVersion);
 	return entry_point(symbol, funcPtr, (int)cudaVersion, flags, driverStatus);
 }
 
-API cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr, unsigned int cudaVersion,
-						      unsigned long long flags,
-						      enum cudaDriverEntryPointQueryResult *driverStatus)
+API cudaError_t cudaGetDriverEntryPointByVersion_ptsz(const char *symbol, void **funcPtr,
+                                                      unsigned int cudaVersion, unsigned long long flags,
+                                                      enum cudaDriverEntryPointQueryResult *driverStatus)
 {
 	ENTER(cudaGetDriverEntryPointByVersion_ptsz);
 	return entry_point(symbol, funcPtr, (int)cudaVersion, per_thread_flags(flags), driverStatus);
