@@ -182,4 +182,14 @@ void emm_stats_print_exit(void)
 		         ", allocations in stream capture %" PRIu64 ", IPC exports refused %" PRIu64,
 		         c[EMM_COUNT_HOST_REGISTER], c[EMM_COUNT_HOST_UNREGISTER], c[EMM_COUNT_MANAGED_ALLOC],
 		         c[EMM_COUNT_CAPTURE_ALLOC], c[EMM_COUNT_IPC_REFUSED]);
+	{
+		uint64_t quarantined = 0, released = 0;
+		size_t held = 0;
+
+		emm_capture_stats(&quarantined, &released, &held);
+		if (quarantined)
+			emm_info("graph quarantine: %" PRIu64 " blocks freed while a captured graph could use "
+			         "them, %" PRIu64 " released since, %zu still held",
+			         quarantined, released, held);
+	}
 }

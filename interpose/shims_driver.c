@@ -20,7 +20,13 @@
  *     CUDA_ERROR_OUT_OF_MEMORY.
  *   - stream-ordered calls on a capturing stream go to the driver (graph
  *     memory nodes).
- * The logic lives in state.c and allocator/; each shim is a few lines.
+ *   - a free of one of our blocks while a captured graph may still use it
+ *     (a capture is active, or the block was allocated during a capture
+ *     whose graph lives) is quarantined until that graph and everything
+ *     instantiated from it are destroyed (capture.c; the graph shims below
+ *     tell it which graphs and executable graphs exist).
+ * The logic lives in state.c, capture.c and allocator/; each shim is a few
+ * lines.
  */
 #include <cuda.h>
 #include <errno.h>
@@ -54,6 +60,28 @@ CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGra
                                                   const CUgraphEdgeData *dependencyData,
                                                   size_t numDependencies, CUstreamCaptureMode mode);
 CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph);
+CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                   CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
+
+/* cuda.h maps these names to the newest ABI; the exports of the same names
+ * are the old ABIs, which programs built against older headers still call. */
+#undef cuGraphInstantiate
+#undef cuGraphExecUpdate
+#undef cuGraphAddNode
+#undef cuGraphInstantiateWithParams
+#undef cuStreamBeginCapture
+CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream);
+CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream);
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                    char *logBuffer, size_t bufferSize);
+CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                       char *logBuffer, size_t bufferSize);
+CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out,
+                                   CUgraphExecUpdateResult *updateResult_out);
+CUresult CUDAAPI cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                size_t numDependencies, CUgraphNodeParams *nodeParams);
+CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                              CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams);
 
 /* --- helpers ----------------------------------------------------------- */
 
@@ -98,8 +126,10 @@ static bool device_alloc(CUdeviceptr *dptr, size_t size, emm_stream_t key, CUstr
 		return false;
 	if (!heap_alloc(heap, size, key, stream, &addr, ret))
 		return false;
-	if (*ret == CUDA_SUCCESS)
+	if (*ret == CUDA_SUCCESS) {
+		emm_capture_note_alloc(addr, heap);
 		*dptr = (CUdeviceptr)addr;
+	}
 	return true;
 }
 
@@ -112,8 +142,10 @@ static bool host_alloc(void **pp, size_t size, unsigned int flags, CUresult *ret
 		return false;
 	if (!heap_alloc(heap, size, EMM_STREAM_SYNC, NULL, &addr, ret))
 		return false;
-	if (*ret == CUDA_SUCCESS)
+	if (*ret == CUDA_SUCCESS) {
+		emm_capture_note_alloc(addr, heap);
 		*pp = (void *)(uintptr_t)addr;
+	}
 	return true;
 }
 
@@ -156,7 +188,8 @@ static void bad_free(const char *what, uint64_t ptr)
  * Free `ptr` if it is one of libemm's blocks of the right kind (device or
  * pinned). Returns true and *ret when libemm answered; false when the
  * driver should (not ours, or ours but of the other kind: the driver then
- * refuses it without touching it).
+ * refuses it without touching it). A block a captured graph may still
+ * touch is quarantined instead of freed (capture.c).
  */
 static bool pool_free(const char *what, uint64_t ptr, emm_stream_t key, CUstream stream, bool pinned,
                       CUresult *ret)
@@ -167,9 +200,23 @@ static bool pool_free(const char *what, uint64_t ptr, emm_stream_t key, CUstream
 
 	if (ptr == 0)
 		return false;
+	/* A context reset we did not see: its heap goes now, and the stale
+	 * block with it (the driver answers for it below). */
+	emm_state_validate_current();
 	if ((pinned || emm_state_have_pinned()) && emm_heap_find_block(ptr, &range) == 0 &&
 	    emm_state_heap_is_pinned(range.heap) != pinned)
 		return false;
+	r = emm_capture_quarantine_free(ptr, pinned, &requested);
+	if (r > 0) {
+		trace(EMM_TRACE_FREE, ptr, requested, stream);
+		*ret = CUDA_SUCCESS;
+		return true;
+	}
+	if (r < 0) {
+		bad_free(what, ptr);
+		*ret = CUDA_ERROR_INVALID_VALUE;
+		return true;
+	}
 	r = emm_heap_free(ptr, key, &requested);
 	if (r == 0) {
 		trace(EMM_TRACE_FREE, ptr, requested, stream);
@@ -264,7 +311,6 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytes
 
 static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStream, bool ptsz)
 {
-	static atomic_bool warned;
 	struct emm_block_range range;
 	CUresult r;
 
@@ -276,13 +322,11 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 		if (emm_heap_find_block(dptr, &range) != 0)
 			return passed_free(real(dptr, hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
 		/* One of our blocks freed inside a capture: the driver cannot
-		 * make a graph node of it. Keep it out of reach until the
-		 * capture ends (as a synchronous free during capture is). */
-		if (!atomic_exchange(&warned, true))
-			emm_warn(
-			    "cuMemFreeAsync(%#llx) of a libemm block during stream capture: the block is "
-			    "reused after the capture ends; a graph launched later must not touch it",
-			    (unsigned long long)dptr);
+		 * make a graph node of it. The graph quarantine keeps it until
+		 * the graph is gone (as for a synchronous free during capture). */
+		emm_debug("cuMemFreeAsync(%#llx) of a libemm block on a capturing stream: quarantined "
+		          "while the captured graph lives",
+		          (unsigned long long)dptr);
 		if (pool_free("cuMemFreeAsync", dptr, EMM_STREAM_SYNC, hStream, false, &r))
 			return r;
 		return passed_free(real(dptr, hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
@@ -530,6 +574,25 @@ EMM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 
 /* --- stream capture ---------------------------------------------------- */
 
+/* The first ABI (no mode argument) captures in relaxed mode. */
+EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream)
+{
+	CUresult r = CALL_EXTRA(stream_begin_capture_v1, hStream);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_capture_begin(hStream, false, CU_STREAM_CAPTURE_MODE_RELAXED);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+	CUresult r = CALL_EXTRA(cuStreamBeginCapture_ptsz, hStream);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_capture_begin(hStream, true, CU_STREAM_CAPTURE_MODE_RELAXED);
+	return r;
+}
+
 EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
 	CUresult r = CALL_REAL(cuStreamBeginCapture_v2, hStream, mode);
@@ -575,8 +638,9 @@ EMM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, C
 }
 
 /* The capture is over unless the call failed and the stream still
- * captures (ended from the wrong thread, say). */
-static void capture_maybe_ended(CUresult r, CUstream hStream, bool ptsz)
+ * captures (ended from the wrong thread, say). The graph it made (none if
+ * it failed) inherits what the capture quarantined. */
+static void capture_maybe_ended(CUresult r, CUstream hStream, bool ptsz, CUgraph *phGraph)
 {
 	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
 
@@ -587,14 +651,14 @@ static void capture_maybe_ended(CUresult r, CUstream hStream, bool ptsz)
 	        CUDA_SUCCESS &&
 	    status != CU_STREAM_CAPTURE_STATUS_NONE)
 		return;
-	emm_state_capture_end(hStream, ptsz);
+	emm_state_capture_end(hStream, ptsz, r == CUDA_SUCCESS && phGraph ? *phGraph : NULL);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
 {
 	CUresult r = CALL_REAL(cuStreamEndCapture, hStream, phGraph);
 
-	capture_maybe_ended(r, hStream, false);
+	capture_maybe_ended(r, hStream, false, phGraph);
 	return r;
 }
 
@@ -602,7 +666,7 @@ EMM_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *p
 {
 	CUresult r = CALL_EXTRA(cuStreamEndCapture_ptsz, hStream, phGraph);
 
-	capture_maybe_ended(r, hStream, true);
+	capture_maybe_ended(r, hStream, true, phGraph);
 	return r;
 }
 
@@ -630,12 +694,184 @@ EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
 	return r;
 }
 
+/* cudaDeviceReset resets the primary context without calling our reset
+ * shim; cudart's next call retains it again: a heap we keep for an
+ * inactive primary context is stale. */
+EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	if (emm_state_enabled())
+		emm_state_primary_retaining(dev);
+	return CALL_EXTRA(cuDevicePrimaryCtxRetain, pctx, dev);
+}
+
 EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
 {
 	CUresult r = CALL_REAL(cuDevicePrimaryCtxRelease_v2, dev);
 
 	if (r == CUDA_SUCCESS && emm_state_enabled())
 		emm_state_primary_released(dev);
+	return r;
+}
+
+/* --- graphs ------------------------------------------------------------- */
+
+/* What a graph object may run: the quarantine follows every way a graph's
+ * nodes reach another graph or an executable graph (capture.c). */
+
+static CUresult instantiated(CUresult r, CUgraphExec *phGraphExec, CUgraph hGraph)
+{
+	if (r == CUDA_SUCCESS && phGraphExec && emm_state_enabled())
+		emm_graph_derived(*phGraphExec, true, hGraph, false, false);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                               char *logBuffer, size_t bufferSize)
+{
+	return instantiated(CALL_EXTRA(graph_instantiate_v1, phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize),
+	                    phGraphExec, hGraph);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                  CUgraphNode *phErrorNode, char *logBuffer, size_t bufferSize)
+{
+	return instantiated(CALL_EXTRA(graph_instantiate_v2, phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize),
+	                    phGraphExec, hGraph);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                        unsigned long long flags)
+{
+	return instantiated(CALL_EXTRA(cuGraphInstantiateWithFlags, phGraphExec, hGraph, flags), phGraphExec, hGraph);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                         CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+	return instantiated(CALL_EXTRA(graph_instantiate_with_params, phGraphExec, hGraph, instantiateParams),
+	                    phGraphExec, hGraph);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+                                                              CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+	return instantiated(CALL_EXTRA(graph_instantiate_with_params_ptsz, phGraphExec, hGraph, instantiateParams),
+	                    phGraphExec, hGraph);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph)
+{
+	CUresult r = CALL_EXTRA(cuGraphClone, phGraphClone, originalGraph);
+
+	if (r == CUDA_SUCCESS && phGraphClone && emm_state_enabled())
+		emm_graph_derived(*phGraphClone, false, originalGraph, false, false);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                                     const CUgraphNode *dependencies, size_t numDependencies,
+                                                     CUgraph childGraph)
+{
+	CUresult r = CALL_EXTRA(cuGraphAddChildGraphNode, phGraphNode, hGraph, dependencies, numDependencies,
+	                        childGraph);
+
+	/* The child is cloned into the parent. */
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_graph_derived(hGraph, false, childGraph, false, false);
+	return r;
+}
+
+/* A generic node that embeds a child graph: cloned, or moved (the child's
+ * handle then belongs to the parent). */
+static CUresult node_added(CUresult r, CUgraph hGraph, const CUgraphNodeParams *nodeParams)
+{
+	if (r == CUDA_SUCCESS && nodeParams && nodeParams->type == CU_GRAPH_NODE_TYPE_GRAPH && emm_state_enabled())
+		emm_graph_derived(hGraph, false, nodeParams->graph.graph, false,
+		                  nodeParams->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphAddNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+                                           size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+	return node_added(
+	    CALL_EXTRA(graph_add_node_v1, phGraphNode, hGraph, dependencies, numDependencies, nodeParams), hGraph,
+	    nodeParams);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                              const CUgraphNode *dependencies, const CUgraphEdgeData *dependencyData,
+                                              size_t numDependencies, CUgraphNodeParams *nodeParams)
+{
+	return node_added(CALL_EXTRA(graph_add_node_v2, phGraphNode, hGraph, dependencies, dependencyData,
+	                             numDependencies, nodeParams),
+	                  hGraph, nodeParams);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode hNode, CUgraphNodeParams *nodeParams)
+{
+	CUresult r = CALL_EXTRA(cuGraphNodeSetParams, hNode, nodeParams);
+
+	/* The node's graph is not named: keep the child's blocks for good. */
+	if (r == CUDA_SUCCESS && nodeParams && nodeParams->type == CU_GRAPH_NODE_TYPE_GRAPH && emm_state_enabled())
+		emm_graph_pin(nodeParams->graph.graph, false);
+	return r;
+}
+
+/* An executable graph updated from hGraph may now run hGraph's nodes (and
+ * still its old ones, conservatively). */
+static CUresult exec_updated(CUresult r, CUgraphExec hGraphExec, CUgraph hGraph)
+{
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_graph_derived(hGraphExec, true, hGraph, false, false);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec hGraphExec, CUgraph hGraph, CUgraphNode *hErrorNode_out,
+                                              CUgraphExecUpdateResult *updateResult_out)
+{
+	return exec_updated(CALL_EXTRA(graph_exec_update_v1, hGraphExec, hGraph, hErrorNode_out, updateResult_out),
+	                    hGraphExec, hGraph);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec hGraphExec, CUgraph hGraph,
+                                                 CUgraphExecUpdateResultInfo *resultInfo)
+{
+	return exec_updated(CALL_EXTRA(graph_exec_update_v2, hGraphExec, hGraph, resultInfo), hGraphExec, hGraph);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphExecChildGraphNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                               CUgraph childGraph)
+{
+	return exec_updated(CALL_EXTRA(cuGraphExecChildGraphNodeSetParams, hGraphExec, hNode, childGraph), hGraphExec,
+	                    childGraph);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphExecNodeSetParams(CUgraphExec hGraphExec, CUgraphNode hNode,
+                                                     CUgraphNodeParams *nodeParams)
+{
+	CUresult r = CALL_EXTRA(cuGraphExecNodeSetParams, hGraphExec, hNode, nodeParams);
+
+	if (nodeParams && nodeParams->type == CU_GRAPH_NODE_TYPE_GRAPH)
+		(void)exec_updated(r, hGraphExec, nodeParams->graph.graph);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphDestroy(CUgraph hGraph)
+{
+	CUresult r = CALL_EXTRA(cuGraphDestroy, hGraph);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_graph_destroyed(hGraph, false);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec hGraphExec)
+{
+	CUresult r = CALL_EXTRA(cuGraphExecDestroy, hGraphExec);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_graph_destroyed(hGraphExec, true);
 	return r;
 }
 
@@ -656,6 +892,23 @@ static const struct shim_entry shim_table[] = {
     SHIM(cuCtxDestroy_v2),
     SHIM(cuDevicePrimaryCtxRelease_v2),
     SHIM(cuDevicePrimaryCtxReset_v2),
+    SHIM(cuDevicePrimaryCtxRetain),
+    SHIM(cuGraphAddChildGraphNode),
+    SHIM(cuGraphAddNode),
+    SHIM(cuGraphAddNode_v2),
+    SHIM(cuGraphClone),
+    SHIM(cuGraphDestroy),
+    SHIM(cuGraphExecChildGraphNodeSetParams),
+    SHIM(cuGraphExecDestroy),
+    SHIM(cuGraphExecNodeSetParams),
+    SHIM(cuGraphExecUpdate),
+    SHIM(cuGraphExecUpdate_v2),
+    SHIM(cuGraphInstantiate),
+    SHIM(cuGraphInstantiateWithFlags),
+    SHIM(cuGraphInstantiateWithParams),
+    SHIM(cuGraphInstantiateWithParams_ptsz),
+    SHIM(cuGraphInstantiate_v2),
+    SHIM(cuGraphNodeSetParams),
     SHIM(cuIpcGetMemHandle),
     SHIM(cuMemAllocAsync),
     SHIM(cuMemAllocAsync_ptsz),
@@ -674,8 +927,10 @@ static const struct shim_entry shim_table[] = {
     SHIM(cuMemHostUnregister),
     SHIM(cuPointerGetAttribute),
     SHIM(cuPointerGetAttributes),
+    SHIM(cuStreamBeginCapture),
     SHIM(cuStreamBeginCaptureToGraph),
     SHIM(cuStreamBeginCaptureToGraph_ptsz),
+    SHIM(cuStreamBeginCapture_ptsz),
     SHIM(cuStreamBeginCapture_v2),
     SHIM(cuStreamBeginCapture_v2_ptsz),
     SHIM(cuStreamCreate),

@@ -2,17 +2,27 @@
 /*
  * interpose/state.c - libemm's process state: lazy initialisation, one heap
  * per CUDA context, pinned-host heaps per (context, flag set), stream keys,
- * the registries of live streams and active captures, context teardown,
- * fork and exit, and the counters kept outside any heap.
+ * the registry of live streams, context teardown (and detecting a reset
+ * that bypassed our shims), fork and exit, and the counters kept outside
+ * any heap. Captures and the graph quarantine live in capture.c.
  *
  * Initialisation runs once, on the first call of a shim (pthread_once):
  * options, the backend (a failure leaves libemm a pure pass-through, never a
  * crash), the EMM_LOG trace and the atexit handler. The constructor only
  * registers the fork handlers.
  *
- * Finding the heap of the calling thread costs one real cuCtxGetCurrent and
- * a thread-local compare: each thread caches (context, entry, generation),
+ * Finding the heap of the calling thread costs one real driver call and a
+ * thread-local compare: each thread caches (context id, entry, generation),
  * and any context teardown bumps the generation so every cache misses once.
+ * The key is the context's unique id (cuCtxGetId of the current context):
+ * a primary context keeps its handle across a reset, and cudart's
+ * cudaDeviceReset resets it without calling any shim of ours, so the handle
+ * alone would keep serving the old context's heap, whose segments the
+ * driver has freed. An entry whose context handle now carries another id is
+ * stale: its heaps are dropped without driver calls (later frees of its
+ * blocks go to the driver and get its error) and a new entry is built.
+ * Frees check the same (emm_state_validate_current) before the pool takes
+ * the block. Without cuCtxGetId (drivers before 12.0) the handle is the key.
  * Entries are never freed (a torn-down one is unlinked), so a stale cache
  * never points at freed memory.
  *
@@ -22,12 +32,18 @@
  * streams are announced to the pinned heaps as to the device heap), because
  * pinned memory is read by asynchronous copies on those streams.
  *
- * Exit: the atexit handler (registered at initialisation, so it runs before
- * the handlers and static destructors registered earlier, and after those
- * registered later) and the library destructor set `exiting`. From then on
- * allocations go to the driver, frees of our blocks succeed without any
- * driver call (fences read as complete, segments are not returned), and
- * EMM_STATS prints from counters alone.
+ * Exit: the atexit handler and the library destructor set `exiting`. The
+ * handler is registered at initialisation and again when each of the first
+ * contexts gets its heap: atexit handlers run last-registered first, and a
+ * runtime's teardown (cudart's, registered when it initialises, which may
+ * be after our initialisation: cudart's own cuGetProcAddress calls
+ * initialise us) releases or resets the primary context, so ours must come
+ * first. From then on nothing libemm owns is freed or invalidated (other
+ * threads may still be in the shims until the process dies): context
+ * teardown no longer destroys heaps, allocations go to the driver, frees of
+ * our blocks succeed without any driver call (fences read as complete,
+ * segments are not returned), and EMM_STATS prints from counters alone. No
+ * exit handler of ours calls the driver.
  *
  * Fork: the child forgets every heap, context, stream, capture, event pool
  * and address map without calling CUDA (the parent's objects are not its
@@ -55,12 +71,13 @@
 
 #define PINNED_FLAG_SETS 8u /* PORTABLE | DEVICEMAP | WRITECOMBINED */
 #define MAX_DEVICES      64
-#define MAX_CAPTURES     64
 #define STREAM_BUCKETS   256
+#define MAX_ATEXIT       16 /* registrations of state_atexit (see above) */
 
 /* --- initialisation ---------------------------------------------------- */
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static atomic_uint atexit_registrations;
 static atomic_bool init_done; /* state_init has finished */
 static bool st_enabled;       /* written once inside state_init */
 static atomic_bool st_exiting;
@@ -103,7 +120,28 @@ static void extra_init(void)
 	EXTRA(cuStreamBeginCaptureToGraph);
 	EXTRA(cuStreamBeginCaptureToGraph_ptsz);
 	EXTRA(cuStreamIsCapturing_ptsz);
+	EXTRA(cuCtxGetId);
+	EXTRA(cuStreamBeginCapture_ptsz);
+	EXTRA(cuGraphInstantiateWithFlags);
+	EXTRA(cuGraphClone);
+	EXTRA(cuGraphDestroy);
+	EXTRA(cuGraphExecDestroy);
+	EXTRA(cuGraphAddChildGraphNode);
+	EXTRA(cuGraphExecChildGraphNodeSetParams);
+	EXTRA(cuGraphExecNodeSetParams);
+	EXTRA(cuGraphNodeSetParams);
 #undef EXTRA
+#define EXTRA_AS(member, name) st_extra.member = (__typeof__(st_extra.member))emm_real_driver(name)
+	EXTRA_AS(stream_begin_capture_v1, "cuStreamBeginCapture");
+	EXTRA_AS(graph_instantiate_v1, "cuGraphInstantiate");
+	EXTRA_AS(graph_instantiate_v2, "cuGraphInstantiate_v2");
+	EXTRA_AS(graph_instantiate_with_params, "cuGraphInstantiateWithParams");
+	EXTRA_AS(graph_instantiate_with_params_ptsz, "cuGraphInstantiateWithParams_ptsz");
+	EXTRA_AS(graph_add_node_v1, "cuGraphAddNode");
+	EXTRA_AS(graph_add_node_v2, "cuGraphAddNode_v2");
+	EXTRA_AS(graph_exec_update_v1, "cuGraphExecUpdate");
+	EXTRA_AS(graph_exec_update_v2, "cuGraphExecUpdate_v2");
+#undef EXTRA_AS
 }
 
 const struct emm_state_real_extra *emm_state_real_extra(void)
@@ -181,6 +219,7 @@ static void state_init(void)
 			emm_warn("EMM_LOG: cannot open %s: %s (no trace is written)", opts->log_file,
 			         strerror(-ret));
 	}
+	atomic_fetch_add(&atexit_registrations, 1);
 	if (atexit(state_atexit) != 0)
 		emm_warn("atexit failed: EMM_STATS will not print");
 	st_enabled = true;
@@ -280,6 +319,7 @@ struct pinned_source {
 
 struct ctx_entry {
 	CUcontext ctx;
+	unsigned long long ctx_id; /* cuCtxGetId at creation; 0 if unknown */
 	CUdevice device;
 	bool primary; /* the device's primary context */
 	bool failed;  /* no heap (backend init failed): pass through */
@@ -300,8 +340,9 @@ static size_t ctx_count, ctx_cap;
 static atomic_uint_fast64_t ctx_generation = 1;
 static atomic_bool have_pinned;
 
+/* key: the context's id, or its handle without cuCtxGetId */
 static _Thread_local struct {
-	CUcontext ctx;
+	uint64_t key;
 	struct ctx_entry *entry;
 	uint64_t generation;
 } tls_ctx;
@@ -666,7 +707,7 @@ static bool is_primary_context(CUcontext ctx, CUdevice dev)
 /* Build the entry (and heap) of the current context `ctx`. ctx_lock held.
  * Returns NULL only without memory; a failed backend gives a failed entry
  * (pass-through for that context). */
-static struct ctx_entry *entry_create_locked(CUcontext ctx)
+static struct ctx_entry *entry_create_locked(CUcontext ctx, unsigned long long ctx_id)
 {
 	const struct emm_real_driver_table *real = emm_state_real();
 	struct emm_heap_params params;
@@ -687,6 +728,7 @@ static struct ctx_entry *entry_create_locked(CUcontext ctx)
 	if (!e)
 		return NULL;
 	e->ctx = ctx;
+	e->ctx_id = ctx_id;
 	for (unsigned i = 0; i < PINNED_FLAG_SETS; i++) {
 		e->pinned_src[i].entry = e;
 		e->pinned_src[i].flags = i;
@@ -731,40 +773,104 @@ static struct ctx_entry *entry_create_locked(CUcontext ctx)
 		goto publish;
 	}
 	announce_streams(e->heap, ctx);
-	emm_debug("heap for context %p (device %d%s)", (void *)ctx, dev, e->primary ? ", primary" : "");
+	emm_debug("heap for context %p (id %llu, device %d%s)", (void *)ctx, ctx_id, dev,
+	          e->primary ? ", primary" : "");
+	/* Run our exit handler before the teardown of a runtime that
+	 * initialised after us (see the top of this file). */
+	if (atomic_fetch_add(&atexit_registrations, 1) < MAX_ATEXIT)
+		(void)atexit(state_atexit);
 publish:
 	ctx_list[ctx_count++] = e;
 	return e;
 }
 
+static bool drop_entry(struct ctx_entry *stale);
+
+/* The current context and its key for the thread cache: its unique id, or
+ * its handle where the driver has no cuCtxGetId. 0; -ENODEV without a
+ * usable current context (none, not initialised); -ESTALE when the current
+ * context is destroyed or reset and not retained again (its memory is gone:
+ * the caller drops our heaps of it). */
+static int current_context_key(uint64_t *ret_key, unsigned long long *ret_id)
+{
+	const struct emm_state_real_extra *x = emm_state_real_extra();
+	const struct emm_real_driver_table *real;
+	unsigned long long id = 0;
+	CUcontext ctx = NULL;
+	CUresult r;
+
+	if (EMM_LIKELY(x->cuCtxGetId != NULL)) {
+		/* NULL: the current context's id; an error without one. */
+		r = x->cuCtxGetId(NULL, &id);
+		if (EMM_UNLIKELY(r != CUDA_SUCCESS || id == 0))
+			return r == CUDA_ERROR_CONTEXT_IS_DESTROYED ? -ESTALE : -ENODEV;
+		*ret_key = id;
+		*ret_id = id;
+		return 0;
+	}
+	real = emm_state_real();
+	if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+		return -ENODEV;
+	*ret_key = (uint64_t)(uintptr_t)ctx;
+	*ret_id = 0;
+	return 0;
+}
+
 /* The entry of the current context. 0; -ENODEV (no context, or `create`
  * false and none yet); -ENOSYS (disabled, exiting, or the context passes
- * through). */
+ * through). An entry left from before a reset of its context is dropped on
+ * the way (see the top of this file). */
 static int current_entry(struct ctx_entry **ret, bool create)
 {
 	const struct emm_real_driver_table *real;
 	struct ctx_entry *e;
+	unsigned long long id;
 	CUcontext ctx = NULL;
-	uint64_t gen;
+	uint64_t gen, key;
+	int rc;
 
 	if (!emm_state_enabled() || emm_state_exiting() || tls_in_backend)
 		return -ENOSYS;
-	real = emm_state_real();
-	if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+	rc = current_context_key(&key, &id);
+	if (EMM_UNLIKELY(rc < 0)) {
+		/* cudaDeviceReset leaves the reset primary context current
+		 * until the runtime's next call retains it: a free made in
+		 * between (shared cudart's fast path) must not reach the old
+		 * heap. */
+		if (rc == -ESTALE && (real = emm_state_real())->cuCtxGetCurrent &&
+		    real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
+			emm_state_context_destroyed(ctx);
 		return -ENODEV;
+	}
 	gen = atomic_load_explicit(&ctx_generation, memory_order_acquire);
-	if (EMM_LIKELY(tls_ctx.ctx == ctx && tls_ctx.generation == gen)) {
+	if (EMM_LIKELY(tls_ctx.key == key && tls_ctx.generation == gen && tls_ctx.entry)) {
 		e = tls_ctx.entry;
 	} else {
-		pthread_mutex_lock(&ctx_lock);
-		e = entry_find_locked(ctx);
-		if (!e && create)
-			e = entry_create_locked(ctx);
-		gen = atomic_load_explicit(&ctx_generation, memory_order_relaxed);
-		pthread_mutex_unlock(&ctx_lock);
+		real = emm_state_real();
+		if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+			return -ENODEV;
+		for (;;) {
+			pthread_mutex_lock(&ctx_lock);
+			e = entry_find_locked(ctx);
+			if (e && e->ctx_id != id) {
+				/* Same handle, another context: reset behind our back. */
+				struct ctx_entry *stale = e;
+				pthread_mutex_unlock(&ctx_lock);
+				emm_debug("context %p was reset (id %llu, now %llu): dropping its heaps",
+				          (void *)ctx, stale->ctx_id, id);
+				if (!drop_entry(stale) && emm_state_exiting())
+					return -ENOSYS;
+				continue;
+			}
+			if (!e && create)
+				e = entry_create_locked(ctx, id);
+			gen = atomic_load_explicit(&ctx_generation, memory_order_relaxed);
+			pthread_mutex_unlock(&ctx_lock);
+			break;
+		}
 		if (!e)
 			return -ENODEV;
-		tls_ctx.ctx = ctx;
+		tls_ctx.key = key;
 		tls_ctx.entry = e;
 		tls_ctx.generation = gen;
 	}
@@ -772,6 +878,13 @@ static int current_entry(struct ctx_entry **ret, bool create)
 		return -ENOSYS;
 	*ret = e;
 	return 0;
+}
+
+void emm_state_validate_current(void)
+{
+	struct ctx_entry *e;
+
+	(void)current_entry(&e, false);
 }
 
 int emm_state_current_heap(emm_heap_t **ret_heap)
@@ -1030,13 +1143,17 @@ void emm_state_report_oom(emm_heap_t *heap, size_t size)
 /* --- context teardown -------------------------------------------------- */
 
 /* Unlink one entry matching `match`, destroy its heaps without driver calls
- * and forget its streams and events. Returns false when none matched. */
+ * and forget its streams, events, captures and graphs. Returns false when
+ * none matched. After exit has begun nothing is torn down (other threads
+ * may still be using the heaps; the process is about to end anyway). */
 static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), const void *arg)
 {
 	struct ctx_entry *e = NULL;
 	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
 	size_t n = 0;
 
+	if (emm_state_exiting())
+		return false;
 	pthread_rwlock_wrlock(&heap_life_lock);
 	pthread_mutex_lock(&ctx_lock);
 	for (size_t i = 0; i < ctx_count; i++) {
@@ -1065,6 +1182,7 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 	}
 
 	emm_debug("dropping the heaps of context %p (device %d)", (void *)e->ctx, e->device);
+	emm_capture_context_dropped(e->ctx, heaps, n);
 	emm_fence_pool_drop(e->ctx);
 	for (size_t i = 0; i < n; i++) {
 		struct emm_stats s;
@@ -1091,6 +1209,16 @@ static bool match_ctx(const struct ctx_entry *e, const void *arg)
 	return e->ctx == (CUcontext)arg;
 }
 
+static bool match_entry(const struct ctx_entry *e, const void *arg)
+{
+	return e == arg;
+}
+
+static bool drop_entry(struct ctx_entry *stale)
+{
+	return drop_one(match_entry, stale);
+}
+
 static bool match_primary(const struct ctx_entry *e, const void *arg)
 {
 	return e->primary && e->device == *(const CUdevice *)arg;
@@ -1114,11 +1242,18 @@ void emm_state_primary_released(CUdevice dev)
 	unsigned int flags = 0;
 	int active = 1;
 
-	if (!real->cuDevicePrimaryCtxGetState ||
+	if (emm_state_exiting() || !real->cuDevicePrimaryCtxGetState ||
 	    real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
 		return;
 	if (!active)
 		emm_state_primary_reset(dev);
+}
+
+void emm_state_primary_retaining(CUdevice dev)
+{
+	/* An inactive primary context has no memory: any heap we keep for it
+	 * is left from before a reset we did not see. */
+	emm_state_primary_released(dev);
 }
 
 /* --- streams ----------------------------------------------------------- */
@@ -1198,118 +1333,6 @@ void emm_state_stream_destroyed(CUstream stream)
 		emm_heap_stream_destroyed(heaps[i], key);
 }
 
-/* --- capture ----------------------------------------------------------- */
-
-struct capture {
-	emm_stream_t key;
-	CUstreamCaptureMode mode;
-	pthread_t thread;
-};
-
-static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct capture captures[MAX_CAPTURES];
-static unsigned ncaptures;
-static unsigned capture_overflow; /* captures beyond the table: be conservative */
-static atomic_uint capture_count;
-
-void emm_state_capture_begin(CUstream stream, bool per_thread_default, CUstreamCaptureMode mode)
-{
-	emm_stream_t key = emm_state_stream_key(stream, per_thread_default);
-
-	pthread_mutex_lock(&capture_lock);
-	if (ncaptures < MAX_CAPTURES)
-		captures[ncaptures++] = (struct capture){key, mode, pthread_self()};
-	else
-		capture_overflow++;
-	atomic_fetch_add(&capture_count, 1);
-	pthread_mutex_unlock(&capture_lock);
-}
-
-static void flush_one(emm_heap_t *heap, int device, void *arg)
-{
-	(void)device;
-	(void)arg;
-	(void)emm_heap_flush(heap);
-}
-
-void emm_state_capture_end(CUstream stream, bool per_thread_default)
-{
-	emm_stream_t key = emm_state_stream_key(stream, per_thread_default);
-	bool found = false;
-
-	pthread_mutex_lock(&capture_lock);
-	for (unsigned i = 0; i < ncaptures; i++) {
-		if (captures[i].key == key) {
-			captures[i] = captures[--ncaptures];
-			found = true;
-			break;
-		}
-	}
-	if (!found && capture_overflow) {
-		capture_overflow--;
-		found = true;
-	}
-	if (found)
-		atomic_fetch_sub(&capture_count, 1);
-	pthread_mutex_unlock(&capture_lock);
-	/* Frees kept pending during the capture can be fenced now. */
-	if (found && !emm_state_exiting())
-		emm_state_for_each_heap(flush_one, NULL, true);
-}
-
-bool emm_state_capture_forbids(emm_stream_t key)
-{
-	pthread_t self;
-	bool forbid = false;
-
-	if (EMM_LIKELY(atomic_load_explicit(&capture_count, memory_order_acquire) == 0))
-		return false;
-	/* Anything but a real stream (the legacy stream, a per-thread stream,
-	 * "any query at all") may implicitly join a capture of a blocking
-	 * stream, and a global-mode capture forbids queries process-wide:
-	 * be conservative while any capture is active. */
-	if (!key_is_real_stream(key))
-		return true;
-	self = pthread_self();
-	pthread_mutex_lock(&capture_lock);
-	forbid = capture_overflow > 0;
-	for (unsigned i = 0; i < ncaptures && !forbid; i++) {
-		if (captures[i].key == key || captures[i].mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
-		    (captures[i].mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-		     pthread_equal(captures[i].thread, self)))
-			forbid = true;
-	}
-	pthread_mutex_unlock(&capture_lock);
-	return forbid;
-}
-
-bool emm_state_stream_capturing(CUstream stream, bool per_thread_default)
-{
-	const struct emm_real_driver_table *real;
-	emm_stream_t key;
-	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
-	CUstream handle = stream;
-	bool tracked = false;
-
-	if (EMM_LIKELY(atomic_load_explicit(&capture_count, memory_order_acquire) == 0))
-		return false;
-	key = emm_state_stream_key(stream, per_thread_default);
-	pthread_mutex_lock(&capture_lock);
-	for (unsigned i = 0; i < ncaptures; i++)
-		if (captures[i].key == key)
-			tracked = true;
-	pthread_mutex_unlock(&capture_lock);
-	if (tracked)
-		return true;
-	/* A stream can join a capture through an event wait: ask the driver. */
-	real = emm_state_real();
-	if (per_thread_default && stream == NULL)
-		handle = CU_STREAM_PER_THREAD;
-	if (!real->cuStreamIsCapturing || real->cuStreamIsCapturing(handle, &status) != CUDA_SUCCESS)
-		return false;
-	return status != CU_STREAM_CAPTURE_STATUS_NONE;
-}
-
 /* --- fork and exit ----------------------------------------------------- */
 
 static void fork_child(void)
@@ -1320,17 +1343,14 @@ static void fork_child(void)
 	pthread_mutex_init(&ctx_lock, NULL);
 	pthread_rwlock_init(&heap_life_lock, NULL);
 	pthread_rwlock_init(&stream_lock, NULL);
-	pthread_mutex_init(&capture_lock, NULL);
 	ctx_list = NULL;
 	ctx_count = ctx_cap = 0;
 	atomic_fetch_add(&ctx_generation, 1);
-	tls_ctx.ctx = NULL;
+	tls_ctx.key = 0;
 	tls_ctx.entry = NULL;
 	atomic_store(&have_pinned, false);
 	memset(stream_buckets, 0, sizeof(stream_buckets));
-	ncaptures = 0;
-	capture_overflow = 0;
-	atomic_store(&capture_count, 0);
+	emm_capture_fork_child();
 	for (int i = 0; i < EMM_COUNT__COUNT; i++)
 		atomic_store(&counters[i], 0);
 	for (int i = 0; i < MAX_DEVICES + 2; i++)

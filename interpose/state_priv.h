@@ -9,7 +9,8 @@
  * Locks (never held while calling a heap function, except emm_heap_create):
  *   ctx_lock     - the context registry and heap creation; taken first.
  *   stream_lock  - the stream registry (rwlock); a leaf.
- *   capture_lock - the capture table; a leaf.
+ *   capture_lock - captures, graph objects, the graph quarantine
+ *                  (capture.c); a leaf.
  *   pool->lock   - a context's free CUDA events; a leaf.
  */
 #ifndef EMM_INTERPOSE_STATE_PRIV_H
@@ -43,6 +44,32 @@ struct emm_state_real_extra {
 	CUresult (*cuStreamBeginCaptureToGraph_ptsz)(CUstream, CUgraph, const CUgraphNode *,
 	                                             const CUgraphEdgeData *, size_t, CUstreamCaptureMode);
 	CUresult (*cuStreamIsCapturing_ptsz)(CUstream, CUstreamCaptureStatus *);
+	/* the first capture ABI (relaxed mode); cuda.h renames the name away */
+	CUresult (*stream_begin_capture_v1)(CUstream);
+	CUresult (*cuStreamBeginCapture_ptsz)(CUstream);
+	/* unique per context instance; NULL before driver 12.0 */
+	CUresult (*cuCtxGetId)(CUcontext, unsigned long long *);
+	/* graphs (the quarantine follows them; capture.c). The exports
+	 * cuGraphInstantiate / cuGraphInstantiate_v2 (5 arguments),
+	 * cuGraphExecUpdate (4) and cuGraphAddNode (5) are the old ABIs that
+	 * cuda.h renames away, hence the member names. */
+	CUresult (*graph_instantiate_v1)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+	CUresult (*graph_instantiate_v2)(CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t);
+	CUresult (*cuGraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
+	CUresult (*graph_instantiate_with_params)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+	CUresult (*graph_instantiate_with_params_ptsz)(CUgraphExec *, CUgraph, CUDA_GRAPH_INSTANTIATE_PARAMS *);
+	CUresult (*cuGraphClone)(CUgraph *, CUgraph);
+	CUresult (*cuGraphDestroy)(CUgraph);
+	CUresult (*cuGraphExecDestroy)(CUgraphExec);
+	CUresult (*cuGraphAddChildGraphNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraph);
+	CUresult (*graph_add_node_v1)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+	CUresult (*graph_add_node_v2)(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
+	                              CUgraphNodeParams *);
+	CUresult (*graph_exec_update_v1)(CUgraphExec, CUgraph, CUgraphNode *, CUgraphExecUpdateResult *);
+	CUresult (*graph_exec_update_v2)(CUgraphExec, CUgraph, CUgraphExecUpdateResultInfo *);
+	CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec, CUgraphNode, CUgraph);
+	CUresult (*cuGraphExecNodeSetParams)(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
+	CUresult (*cuGraphNodeSetParams)(CUgraphNode, CUgraphNodeParams *);
 };
 const struct emm_state_real_extra *emm_state_real_extra(void);
 
@@ -94,9 +121,10 @@ void emm_state_stream_created(CUstream stream, bool nonblocking);
 /* A stream is about to be destroyed (before the real call). */
 void emm_state_stream_destroyed(CUstream stream);
 
-/* Capture begun / ended on `stream` (after the real call). */
+/* Capture begun / ended on `stream` (after the real call). `graph` is the
+ * graph cuStreamEndCapture returned, NULL when the capture failed. */
 void emm_state_capture_begin(CUstream stream, bool per_thread_default, CUstreamCaptureMode mode);
-void emm_state_capture_end(CUstream stream, bool per_thread_default);
+void emm_state_capture_end(CUstream stream, bool per_thread_default, CUgraph graph);
 
 /* True if stream-ordered allocation calls on `stream` must go to the driver
  * because the stream is capturing (tracked, or joined to a capture). */
@@ -109,12 +137,56 @@ bool emm_state_capture_forbids(emm_stream_t key);
 /* The context a real stream was created in (NULL if unknown). */
 CUcontext emm_state_stream_context(emm_stream_t key);
 
+/* --- the graph quarantine (capture.c; the bound is documented there) ----- */
+
+/* True while any stream capture is active. */
+bool emm_capture_any_active(void);
+
+/* A pool block was just handed out: if captures are active, the graphs they
+ * make may use it (watched until those graphs are gone). */
+void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap);
+
+/*
+ * The program frees `addr` (pinned: through cuMemFreeHost). If a captured
+ * graph may still touch the block (a capture is active, or the block was
+ * allocated during a capture whose graph lives), keep it: 1 and its
+ * requested size. 0: not quarantined, free it normally. -EINVAL: it is
+ * already quarantined (a double free).
+ */
+int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_requested);
+
+/* `dst` (a CUgraphExec if dst_exec, else a CUgraph) may run what `src` may:
+ * it takes references to src's quarantine sets. `move`: src's handle is
+ * consumed (child graph moved into its parent). */
+void emm_graph_derived(const void *dst, bool dst_exec, const void *src, bool src_exec, bool move);
+/* src's sets are referenced from somewhere we cannot follow: keep them
+ * until the context goes. */
+void emm_graph_pin(const void *src, bool src_exec);
+/* cuGraphDestroy / cuGraphExecDestroy succeeded. */
+void emm_graph_destroyed(const void *handle, bool exec);
+
+/* The context is gone: forget its captures, graphs and quarantined blocks
+ * (of `heaps`, which are about to be destroyed) without freeing them. */
+void emm_capture_context_dropped(CUcontext ctx, emm_heap_t *const *heaps, size_t nheaps);
+void emm_capture_fork_child(void);
+/* Blocks quarantined so far, released so far, held now. */
+void emm_capture_stats(uint64_t *ret_quarantined, uint64_t *ret_released, size_t *ret_held);
+
 /* --- context teardown -------------------------------------------------- */
 
 /* Forget the heaps of a context the driver destroyed (no driver calls). */
 void emm_state_context_destroyed(CUcontext ctx);
 /* Forget the heaps of the primary context of `dev` (after a reset). */
 void emm_state_primary_reset(CUdevice dev);
+/* Before a retain of dev's primary context: if it is inactive now, any heap
+ * of ours for it is stale (reset behind our back, e.g. by cudaDeviceReset). */
+void emm_state_primary_retaining(CUdevice dev);
+
+/* Before a free of one of our blocks: make sure the heap of the current
+ * context still belongs to the live context (a reset that bypassed our
+ * shims is noticed here, so the stale block goes to the driver). Cheap:
+ * one cuCtxGetId and a thread-local compare. */
+void emm_state_validate_current(void);
 /* After a primary-context release: forget its heaps if it is now inactive. */
 void emm_state_primary_released(CUdevice dev);
 

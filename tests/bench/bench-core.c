@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * bench-core: the host cost of a cached allocation + free pair in the
- * allocator core (no driver: a fake segment source; fence ops that record
- * and complete for free, or none), so the numbers are libemm's own
+ * allocator core over the host-simulation backend (no driver; fence ops that
+ * record and complete for free, or none), so the numbers are libemm's own
  * overhead. For each size and path: warm up, then time batches of pairs and
  * report the median batch's cost per pair (and the 10th/90th percentile).
  * Then the same loop on 1, 2, 4, 8 threads sharing one heap (each thread
@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "allocator/backend_loader.h"
 #include "allocator/heap.h"
 
 #define KIB ((size_t)1 << 10)
@@ -39,23 +40,32 @@ static bool private_heaps; /* --private: one heap per thread (isolates heap shar
 
 /* --- doubles -------------------------------------------------------------- */
 
-static atomic_uint_fast64_t bump = UINT64_C(0x200000000000);
+/* Segments come from the host-simulation backend, the same one libemm
+ * loads with EMM_BACKEND=hostsim (one instance per heap). */
+static const struct emm_backend *hostsim;
+
+static void hostsim_log(enum emm_backend_log_level level, const char *msg)
+{
+	if (level >= EMM_BACKEND_LOG_WARNING)
+		fprintf(stderr, "hostsim: %s\n", msg);
+}
+
+static const struct emm_backend_host hostsim_host = {
+	.interface_version = EMM_BACKEND_INTERFACE_VERSION,
+	.struct_size = sizeof(struct emm_backend_host),
+	.driver_proc = NULL,
+	.log = hostsim_log,
+	.options = "capacity=64G",
+};
 
 static int src_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret)
 {
-	(void)state;
-	(void)stream;
-	*ret = atomic_fetch_add(&bump, (size + 4 * MIB - 1) & ~(2 * MIB - 1));
-	return 0;
+	return hostsim->segment_alloc(state, size, stream, ret);
 }
 
 static int src_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream)
 {
-	(void)state;
-	(void)addr;
-	(void)size;
-	(void)stream;
-	return 0;
+	return hostsim->segment_free(state, addr, size, stream);
 }
 
 static atomic_uint_fast64_t next_event = 1;
@@ -163,6 +173,15 @@ static emm_heap_t *make_heap(enum path p)
 	struct emm_heap_params params;
 	struct emm_segment_source src = {NULL, src_alloc, src_free};
 	emm_heap_t *h = NULL;
+	uint32_t version = EMM_BACKEND_INTERFACE_VERSION;
+	if (!hostsim && emm_backend_builtin_hostsim(&version, &hostsim) != 0) {
+		fprintf(stderr, "hostsim backend unavailable\n");
+		exit(1);
+	}
+	if (hostsim->init(&hostsim_host, 0, 0, &src.state) != 0) {
+		fprintf(stderr, "hostsim init failed\n");
+		exit(1);
+	}
 	emm_heap_params_default(&params);
 	if (emm_heap_create(&params, &src, p == PATH_SYNC_NOFENCE ? NULL : &fence_ops, 0, &h)) {
 		fprintf(stderr, "heap create failed\n");

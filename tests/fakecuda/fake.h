@@ -92,7 +92,11 @@
 	X(cuEventQuery) X(cuEventSynchronize)                                    \
 	X(cuEventDestroy) X(cuEventDestroy_v2)                                   \
 	X(cuGraphDestroy) X(cuGraphInstantiateWithFlags)                         \
-	X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuGraphExecDestroy)
+	X(cuGraphLaunch) X(cuGraphLaunch_ptsz) X(cuGraphExecDestroy)             \
+	X(cuCtxGetId) X(cuGraphCreate) X(cuGraphClone)                           \
+	X(cuGraphAddChildGraphNode) X(cuGraphInstantiate)                        \
+	X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithParams)                 \
+	X(cuGraphInstantiateWithParams_ptsz)
 
 enum fake_fn {
 #define FAKE_FN_ENUM(name) FN_##name,
@@ -149,7 +153,7 @@ struct fake_ctx {
 	bool destroyed;                /* cuCtxDestroy'd (handle stays known) */
 	bool abi_v1;                   /* made by cuCtxCreate (v1): only the 32-bit memory calls work */
 	int primary_refs;
-	uint64_t id;
+	uint64_t id;                   /* cuCtxGetId: new each time the context is (re)activated */
 	uint64_t epoch;                /* changes each time the context is (re)activated */
 	struct fake_stream *legacy;    /* the NULL / CU_STREAM_LEGACY stream */
 	struct fake_stream *streams;   /* every stream of the context, legacy included */

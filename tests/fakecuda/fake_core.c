@@ -533,6 +533,7 @@ static struct fake_ctx *ctx_new_locked(int dev, unsigned flags, bool primary)
 static CUresult ctx_activate_locked(struct fake_ctx *c)
 {
 	c->epoch = ++g_fake.next_id;
+	c->id = c->epoch; /* a reset primary context is a new context: new id, same handle */
 	c->legacy = fake_stream_new_locked(c, STREAM_LEGACY, 0, 0);
 	if (!c->legacy)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -660,6 +661,23 @@ FAKE_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev)
 	return primary_reset(dev);
 }
 
+FAKECUDA_API int fakecuda_device_reset(int device, int retain)
+{
+	fake_lock();
+	int ret = -1;
+	if (fake_check_init_locked() == CUDA_SUCCESS && fake_device_valid(device) && g_fake.primary[device]) {
+		struct fake_ctx *c = g_fake.primary[device];
+		ctx_deactivate_locked(c);
+		ret = 0;
+		if (retain) {
+			CUcontext h;
+			ret = primary_retain_locked(&h, device) == CUDA_SUCCESS ? 0 : -1;
+		}
+	}
+	fake_unlock();
+	return ret;
+}
+
 FAKE_API CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active)
 {
 	FAKE_ENTER(cuDevicePrimaryCtxGetState);
@@ -781,8 +799,10 @@ static CUresult ctx_destroy(CUcontext h)
 	struct fake_ctx *c = NULL;
 	if (r == CUDA_SUCCESS) {
 		c = fake_ctx_lookup_locked(h);
-		if (!c || c->destroyed)
+		if (!c)
 			r = CUDA_ERROR_INVALID_CONTEXT;
+		else if (c->destroyed)
+			r = CUDA_ERROR_CONTEXT_IS_DESTROYED; /* the real driver, destroying twice */
 		else if (c->primary)
 			r = CUDA_ERROR_INVALID_CONTEXT;
 	}
@@ -928,6 +948,20 @@ static CUresult ctx_or_current_locked(CUcontext h, struct fake_ctx **out)
 		r = CUDA_ERROR_CONTEXT_IS_DESTROYED;
 	if (r == CUDA_SUCCESS)
 		*out = c;
+	return r;
+}
+
+FAKE_API CUresult cuCtxGetId(CUcontext ctx, unsigned long long *ctxId)
+{
+	FAKE_ENTER(cuCtxGetId);
+	fake_lock();
+	struct fake_ctx *c;
+	CUresult r = ctx_or_current_locked(ctx, &c);
+	if (r == CUDA_SUCCESS && !ctxId)
+		r = CUDA_ERROR_INVALID_VALUE;
+	else if (r == CUDA_SUCCESS)
+		*ctxId = c->id;
+	fake_unlock();
 	return r;
 }
 

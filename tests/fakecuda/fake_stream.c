@@ -1211,7 +1211,8 @@ FAKE_API CUresult cuThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode)
 	return r;
 }
 
-/* --- graphs (just enough for a captured sequence to be launched) --- */
+/* --- graphs (just enough for a captured sequence to be launched, cloned,
+ * nested as a child graph and instantiated through every ABI) --- */
 
 FAKE_API CUresult cuGraphDestroy(CUgraph hGraph)
 {
@@ -1231,9 +1232,8 @@ FAKE_API CUresult cuGraphDestroy(CUgraph hGraph)
 	return r;
 }
 
-FAKE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+static CUresult graph_instantiate(CUgraphExec *phGraphExec, CUgraph hGraph)
 {
-	FAKE_ENTER(cuGraphInstantiateWithFlags);
 	fake_lock();
 	CUresult r = fake_check_init_locked();
 	if (r == CUDA_SUCCESS && (!phGraphExec || !fake_ptrset_has(&g_fake.graph_set, hGraph)))
@@ -1247,6 +1247,138 @@ FAKE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph 
 			x->graph = (struct fake_graph *)hGraph;
 			*phGraphExec = (CUgraphExec)x;
 		}
+	}
+	fake_unlock();
+	return r;
+}
+
+FAKE_API CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags)
+{
+	FAKE_ENTER(cuGraphInstantiateWithFlags);
+	(void)flags;
+	return graph_instantiate(phGraphExec, hGraph);
+}
+
+/* The old ABI (cuda.h now maps the name to cuGraphInstantiateWithFlags). */
+static CUresult graph_instantiate_log(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+				      char *logBuffer, size_t bufferSize)
+{
+	CUresult r = graph_instantiate(phGraphExec, hGraph);
+	if (r == CUDA_SUCCESS && phErrorNode)
+		*phErrorNode = NULL;
+	if (r == CUDA_SUCCESS && logBuffer && bufferSize)
+		logBuffer[0] = '\0';
+	return r;
+}
+
+FAKE_API CUresult cuGraphInstantiate(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+				     char *logBuffer, size_t bufferSize)
+{
+	FAKE_ENTER(cuGraphInstantiate);
+	return graph_instantiate_log(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+}
+
+FAKE_API CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+					char *logBuffer, size_t bufferSize)
+{
+	FAKE_ENTER(cuGraphInstantiate_v2);
+	return graph_instantiate_log(phGraphExec, hGraph, phErrorNode, logBuffer, bufferSize);
+}
+
+static CUresult graph_instantiate_params(CUgraphExec *phGraphExec, CUgraph hGraph,
+					 CUDA_GRAPH_INSTANTIATE_PARAMS *params)
+{
+	if (!params)
+		return CUDA_ERROR_INVALID_VALUE;
+	CUresult r = graph_instantiate(phGraphExec, hGraph);
+	params->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+	params->hErrNode_out = NULL;
+	return r;
+}
+
+FAKE_API CUresult cuGraphInstantiateWithParams(CUgraphExec *phGraphExec, CUgraph hGraph,
+					       CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+	FAKE_ENTER(cuGraphInstantiateWithParams);
+	return graph_instantiate_params(phGraphExec, hGraph, instantiateParams);
+}
+
+FAKE_API CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *phGraphExec, CUgraph hGraph,
+						    CUDA_GRAPH_INSTANTIATE_PARAMS *instantiateParams)
+{
+	FAKE_ENTER(cuGraphInstantiateWithParams_ptsz);
+	return graph_instantiate_params(phGraphExec, hGraph, instantiateParams);
+}
+
+FAKE_API CUresult cuGraphCreate(CUgraph *phGraph, unsigned int flags)
+{
+	FAKE_ENTER(cuGraphCreate);
+	fake_lock();
+	CUresult r = fake_check_init_locked();
+	if (r == CUDA_SUCCESS && (!phGraph || flags != 0))
+		r = CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS) {
+		struct fake_graph *g = graph_new_locked();
+		if (g)
+			*phGraph = (CUgraph)g;
+		else
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	fake_unlock();
+	return r;
+}
+
+/* Copies src's captured frees into dst (a clone, or a child graph node). */
+static bool graph_copy_frees_locked(struct fake_graph *dst, const struct fake_graph *src)
+{
+	for (const struct fake_deferred_free *f = src->frees; f; f = f->next) {
+		struct fake_deferred_free *c = calloc(1, sizeof(*c));
+		if (!c)
+			return false;
+		c->ptr = f->ptr;
+		c->next = dst->frees;
+		dst->frees = c;
+	}
+	return true;
+}
+
+FAKE_API CUresult cuGraphClone(CUgraph *phGraphClone, CUgraph originalGraph)
+{
+	FAKE_ENTER(cuGraphClone);
+	fake_lock();
+	CUresult r = fake_check_init_locked();
+	if (r == CUDA_SUCCESS && (!phGraphClone || !fake_ptrset_has(&g_fake.graph_set, originalGraph)))
+		r = CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS) {
+		struct fake_graph *g = graph_new_locked();
+		if (!g || !graph_copy_frees_locked(g, (struct fake_graph *)originalGraph)) {
+			if (g)
+				graph_free_locked(g);
+			r = CUDA_ERROR_OUT_OF_MEMORY;
+		} else {
+			*phGraphClone = (CUgraph)g;
+		}
+	}
+	fake_unlock();
+	return r;
+}
+
+/* The child is cloned into the parent; nodes are opaque numbers here. */
+FAKE_API CUresult cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, CUgraph hGraph, const CUgraphNode *dependencies,
+					   size_t numDependencies, CUgraph childGraph)
+{
+	FAKE_ENTER(cuGraphAddChildGraphNode);
+	fake_lock();
+	CUresult r = fake_check_init_locked();
+	if (r == CUDA_SUCCESS &&
+	    (!phGraphNode || (numDependencies && !dependencies) || hGraph == childGraph ||
+	     !fake_ptrset_has(&g_fake.graph_set, hGraph) || !fake_ptrset_has(&g_fake.graph_set, childGraph)))
+		r = CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS) {
+		if (graph_copy_frees_locked((struct fake_graph *)hGraph, (struct fake_graph *)childGraph))
+			*phGraphNode = (CUgraphNode)(uintptr_t)++g_fake.next_id;
+		else
+			r = CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	fake_unlock();
 	return r;

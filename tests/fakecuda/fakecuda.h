@@ -114,6 +114,14 @@ FAKECUDA_API void fakecuda_get_stats(struct fakecuda_stats *out);
  * leaving all driver state alone. */
 FAKECUDA_API void fakecuda_reset_counters(void);
 
+/* What cudaDeviceReset does, without calling any exported entry point (so a
+ * preloaded library sees no call): resets the primary context of `device`
+ * (its memory, streams and events are gone) and, if `retain`, brings it
+ * back at once the way the runtime's next call does (one retain; the handle
+ * stays the same, cuCtxGetId gives a new id). Returns 0, or -1 for a bad
+ * device or a context that was never retained. */
+FAKECUDA_API int fakecuda_device_reset(int device, int retain);
+
 #ifdef __cplusplus
 }
 #endif

@@ -41,6 +41,7 @@
 	X(cuDevicePrimaryCtxReset_v2) X(cuDevicePrimaryCtxGetState)                           \
 	X(cuCtxCreate) X(cuCtxCreate_v4) X(cuCtxDestroy_v2) X(cuCtxGetCurrent) X(cuCtxSetCurrent)            \
 	X(cuCtxPushCurrent_v2) X(cuCtxPopCurrent_v2) X(cuCtxGetDevice) X(cuCtxGetDevice_v2)   \
+	X(cuCtxGetId)                                                                         \
 	X(cuCtxSynchronize) X(cuCtxSynchronize_v2) X(cuCtxGetStreamPriorityRange)            \
 	X(cuMemAlloc) X(cuMemAlloc_v2) X(cuMemFree) X(cuMemFree_v2) X(cuMemAllocPitch_v2) X(cuMemGetInfo)     \
 	X(cuMemAllocAsync) X(cuMemFreeAsync) X(cuMemAllocHost_v2) X(cuMemHostAlloc)           \
@@ -264,7 +265,7 @@ static void case_ctx_destroy_twice(void)
 	CUcontext c = NULL;
 	MUST(CALL(cuCtxCreate_v4)(&c, NULL, 0, 0));
 	MUST(CALL(cuCtxDestroy_v2)(c));
-	check_rc("second cuCtxDestroy_v2", CALL(cuCtxDestroy_v2)(c), CUDA_ERROR_INVALID_CONTEXT);
+	check_rc("second cuCtxDestroy_v2", CALL(cuCtxDestroy_v2)(c), CUDA_ERROR_CONTEXT_IS_DESTROYED);
 }
 
 static void case_ctx_destroy_primary(void)
@@ -337,6 +338,44 @@ static void case_primary_reset(void)
 	check_rc("release 1", CALL(cuDevicePrimaryCtxRelease_v2)(0), CUDA_SUCCESS);
 	check_rc("release 2", CALL(cuDevicePrimaryCtxRelease_v2)(0), CUDA_SUCCESS);
 	check_rc("release 3", CALL(cuDevicePrimaryCtxRelease_v2)(0), CUDA_ERROR_INVALID_CONTEXT);
+}
+
+/* cuCtxGetId: unique per context, and a reset primary context comes back
+ * as a new context (new id) under the same handle: libemm keys its heaps by
+ * the id because cudaDeviceReset resets without calling any shim. */
+static void case_ctx_id(void)
+{
+	MUST(CALL(cuInit)(0));
+	unsigned long long id0 = 0, id1 = 0, id2 = 0, idc = 0, idn = 0;
+	CUcontext cur = NULL;
+	CALL(cuCtxGetCurrent)(&cur);
+	if (cur == NULL)
+		check_rc("cuCtxGetId(NULL) without a current context", CALL(cuCtxGetId)(NULL, &idn),
+			 CUDA_ERROR_INVALID_CONTEXT);
+	SETUP();
+	check_rc("cuCtxGetId(NULL, NULL)", CALL(cuCtxGetId)(NULL, NULL), CUDA_ERROR_INVALID_VALUE);
+	MUST(CALL(cuCtxGetId)(primary, &id0));
+	MUST(CALL(cuCtxGetId)(NULL, &idn));
+	check_u64("cuCtxGetId(NULL) is the current context's", idn, id0);
+	CUcontext c = NULL;
+	MUST(CALL(cuCtxCreate_v4)(&c, NULL, 0, 0));
+	MUST(CALL(cuCtxGetId)(c, &idc));
+	check_true("created context: another id", idc != id0 && idc != 0, "ids are unique");
+	MUST(CALL(cuCtxDestroy_v2)(c));
+	check_rc("cuCtxGetId of a destroyed context", CALL(cuCtxGetId)(c, &idn), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+	MUST(CALL(cuCtxSetCurrent)(primary));
+	MUST(CALL(cuDevicePrimaryCtxReset_v2)(0));
+	check_rc("cuCtxGetId(NULL) with the reset primary context current", CALL(cuCtxGetId)(NULL, &id1),
+		 CUDA_ERROR_CONTEXT_IS_DESTROYED);
+	CUcontext b = NULL;
+	MUST(CALL(cuDevicePrimaryCtxRetain)(&b, 0));
+	check_true("same handle after reset", b == primary, "the primary context keeps its handle");
+	MUST(CALL(cuCtxGetId)(b, &id2));
+	printf("info ctx_id: primary id %llu before the reset, %llu after; created context %llu\n", id0, id2, idc);
+	check_true("new id after reset", id2 != id0 && id2 != 0 && id2 != idc,
+		   "a reset primary context is a new context");
+	MUST(CALL(cuCtxGetId)(NULL, &idn));
+	check_u64("cuCtxGetId(NULL) after retain", idn, id2);
 }
 
 /* Releasing the last reference resets the context; retaining again. */
@@ -1441,6 +1480,7 @@ static void case_error_table(void)
 
 #define CASES(X)                                                                                       \
 	X(before_init) X(no_context) X(context_stack) X(ctx_destroy_twice) X(ctx_destroy_primary)      \
+	X(ctx_id)                                                                                      \
 	X(ctx_destroy_frees) X(primary_refcount) X(primary_reset) X(primary_release_reuse)             \
 	X(mem_alloc_free) X(mem_info) X(mem_pitch) X(mem_v1) X(mem_v1_context) X(mem_async)            \
 	X(mem_host) X(mem_host_zero) X(mem_managed)                                                    \
