@@ -105,9 +105,14 @@ struct gobj {
 	struct qset **sets;
 };
 
-/* Addresses to free once the lock is dropped. */
+/* Blocks to free once the lock is dropped. */
+struct release_item {
+	emm_addr_t addr;
+	emm_heap_t *heap;
+};
+
 struct release {
-	emm_addr_t *addrs;
+	struct release_item *items;
 	size_t n, cap;
 	size_t lost; /* could not be recorded (no memory): leaked */
 };
@@ -165,32 +170,44 @@ static bool grow(void **array, size_t *cap, size_t need, size_t elem)
 	return true;
 }
 
-static void release_add(struct release *rel, emm_addr_t addr)
+static void release_add(struct release *rel, emm_addr_t addr, emm_heap_t *heap)
 {
-	if (!grow((void **)&rel->addrs, &rel->cap, rel->n + 1, sizeof(*rel->addrs))) {
+	if (!grow((void **)&rel->items, &rel->cap, rel->n + 1, sizeof(*rel->items))) {
 		rel->lost++;
 		return;
 	}
-	rel->addrs[rel->n++] = addr;
+	rel->items[rel->n++] = (struct release_item){addr, heap};
 }
 
-/* Free the released blocks into their heaps (no lock held). */
+/* Free the released blocks into their heaps (no lock held): a normal
+ * synchronous free, so the epoch fence covers a launch still in flight. A
+ * block whose heap went meanwhile (its context was torn down while this
+ * was being released) is not touched. */
 static void release_run(struct release *rel)
 {
 	size_t freed = 0;
 
+	if (rel->n)
+		emm_state_enter();
 	for (size_t i = 0; i < rel->n; i++) {
+		struct emm_block_range range;
 		size_t requested = 0;
-		if (emm_heap_free(rel->addrs[i], EMM_STREAM_SYNC, &requested) == 0)
+
+		if (emm_heap_find_block(rel->items[i].addr, &range) != 0 || range.base != rel->items[i].addr ||
+		    range.heap != rel->items[i].heap)
+			continue;
+		if (emm_heap_free(rel->items[i].addr, EMM_STREAM_SYNC, &requested) == 0)
 			freed++;
 	}
+	if (rel->n)
+		emm_state_leave();
 	if (rel->n || rel->lost) {
 		atomic_fetch_add_explicit(&released_total, freed, memory_order_relaxed);
 		emm_debug("graph quarantine: %zu blocks released into their heaps (%zu leaked for lack of memory)",
 		          freed, rel->lost);
 	}
-	free(rel->addrs);
-	rel->addrs = NULL;
+	free(rel->items);
+	rel->items = NULL;
 	rel->n = rel->cap = 0;
 }
 
@@ -280,7 +297,7 @@ static void qset_put(struct qset *qs, struct release *rel)
 		}
 		if (qb->nsets == 0) {
 			if (qb->freed && !qb->dead)
-				release_add(rel, qb->addr);
+				release_add(rel, qb->addr, qb->heap);
 			qblock_remove(qb);
 		}
 	}
@@ -460,6 +477,31 @@ void emm_state_capture_end(CUstream stream, bool per_thread_default, CUgraph gra
 		emm_state_for_each_heap(flush_one, NULL, true);
 }
 
+void emm_capture_stream_destroyed(CUstream stream)
+{
+	emm_stream_t key = emm_state_stream_key(stream, false);
+	struct release rel = {0};
+	struct capture *c = NULL;
+
+	if (!key_is_real_stream(key) || atomic_load_explicit(&capture_count, memory_order_acquire) == 0)
+		return;
+	pthread_mutex_lock(&capture_lock);
+	for (struct capture **link = &captures; *link; link = &(*link)->next) {
+		if ((*link)->key == key) {
+			c = *link;
+			*link = c->next;
+			atomic_fetch_sub(&capture_count, 1);
+			break;
+		}
+	}
+	/* Its capture can no longer make a graph. */
+	if (c && c->qs)
+		qset_put(c->qs, &rel);
+	pthread_mutex_unlock(&capture_lock);
+	free(c);
+	release_run(&rel);
+}
+
 bool emm_state_capture_forbids(emm_stream_t key)
 {
 	pthread_t self;
@@ -513,11 +555,6 @@ bool emm_state_stream_capturing(CUstream stream, bool per_thread_default)
 }
 
 /* --- the quarantine ------------------------------------------------------ */
-
-bool emm_capture_any_active(void)
-{
-	return atomic_load_explicit(&capture_count, memory_order_acquire) != 0;
-}
 
 void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap)
 {

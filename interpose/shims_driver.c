@@ -117,12 +117,14 @@ static bool heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, CUstream
 	return false; /* -EINVAL, -EOVERFLOW, ...: the driver's answer */
 }
 
-static bool device_alloc(CUdeviceptr *dptr, size_t size, emm_stream_t key, CUstream stream, CUresult *ret)
+/* Inside the heap guard (emm_state_enter). */
+static bool device_alloc_guarded(CUdeviceptr *dptr, size_t size, emm_stream_t key, CUstream stream,
+                                 CUresult *ret)
 {
 	emm_heap_t *heap;
 	uint64_t addr;
 
-	if (!dptr || size == 0 || emm_state_current_heap(&heap) < 0)
+	if (emm_state_current_heap(&heap) < 0)
 		return false;
 	if (!heap_alloc(heap, size, key, stream, &addr, ret))
 		return false;
@@ -133,12 +135,24 @@ static bool device_alloc(CUdeviceptr *dptr, size_t size, emm_stream_t key, CUstr
 	return true;
 }
 
-static bool host_alloc(void **pp, size_t size, unsigned int flags, CUresult *ret)
+static bool device_alloc(CUdeviceptr *dptr, size_t size, emm_stream_t key, CUstream stream, CUresult *ret)
+{
+	bool served;
+
+	if (!dptr || size == 0)
+		return false;
+	emm_state_enter();
+	served = device_alloc_guarded(dptr, size, key, stream, ret);
+	emm_state_leave();
+	return served;
+}
+
+static bool host_alloc_guarded(void **pp, size_t size, unsigned int flags, CUresult *ret)
 {
 	emm_heap_t *heap;
 	uint64_t addr;
 
-	if (!pp || size == 0 || emm_state_pinned_heap(flags, &heap) < 0)
+	if (emm_state_pinned_heap(flags, &heap) < 0)
 		return false;
 	if (!heap_alloc(heap, size, EMM_STREAM_SYNC, NULL, &addr, ret))
 		return false;
@@ -147,6 +161,18 @@ static bool host_alloc(void **pp, size_t size, unsigned int flags, CUresult *ret
 		*pp = (void *)(uintptr_t)addr;
 	}
 	return true;
+}
+
+static bool host_alloc(void **pp, size_t size, unsigned int flags, CUresult *ret)
+{
+	bool served;
+
+	if (!pp || size == 0)
+		return false;
+	emm_state_enter();
+	served = host_alloc_guarded(pp, size, flags, ret);
+	emm_state_leave();
+	return served;
 }
 
 /* Account for an allocation the driver made. */
@@ -191,15 +217,13 @@ static void bad_free(const char *what, uint64_t ptr)
  * refuses it without touching it). A block a captured graph may still
  * touch is quarantined instead of freed (capture.c).
  */
-static bool pool_free(const char *what, uint64_t ptr, emm_stream_t key, CUstream stream, bool pinned,
-                      CUresult *ret)
+static bool pool_free_guarded(const char *what, uint64_t ptr, emm_stream_t key, CUstream stream, bool pinned,
+                              CUresult *ret)
 {
 	struct emm_block_range range;
 	size_t requested = 0;
 	int r;
 
-	if (ptr == 0)
-		return false;
 	/* A context reset we did not see: its heap goes now, and the stale
 	 * block with it (the driver answers for it below). */
 	emm_state_validate_current();
@@ -228,6 +252,19 @@ static bool pool_free(const char *what, uint64_t ptr, emm_stream_t key, CUstream
 	bad_free(what, ptr);
 	*ret = CUDA_ERROR_INVALID_VALUE;
 	return true;
+}
+
+static bool pool_free(const char *what, uint64_t ptr, emm_stream_t key, CUstream stream, bool pinned,
+                      CUresult *ret)
+{
+	bool answered;
+
+	if (ptr == 0)
+		return false;
+	emm_state_enter();
+	answered = pool_free_guarded(what, ptr, key, stream, pinned, ret);
+	emm_state_leave();
+	return answered;
 }
 
 /* --- device memory ----------------------------------------------------- */
@@ -319,7 +356,12 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 	if (!emm_state_enabled())
 		return real(dptr, hStream);
 	if (dptr && emm_state_stream_capturing(hStream, ptsz)) {
-		if (emm_heap_find_block(dptr, &range) != 0)
+		int found;
+
+		emm_state_enter();
+		found = emm_heap_find_block(dptr, &range);
+		emm_state_leave();
+		if (found != 0)
 			return passed_free(real(dptr, hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
 		/* One of our blocks freed inside a capture: the driver cannot
 		 * make a graph node of it. The graph quarantine keeps it until
@@ -465,6 +507,7 @@ EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *
 	 * (its base and the size asked for). */
 	if (r != CUDA_SUCCESS || !emm_state_enabled())
 		return r;
+	emm_state_enter();
 	if (emm_heap_find_block(dptr, &range) == 0) {
 		if (pbase)
 			*pbase = (CUdeviceptr)range.base;
@@ -473,8 +516,9 @@ EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *
 	} else if (in_free_space(dptr)) {
 		if (psize)
 			*psize = 0;
-		return CUDA_ERROR_NOT_FOUND; /* the driver's answer past an allocation's end */
+		r = CUDA_ERROR_NOT_FOUND; /* the driver's answer past an allocation's end */
 	}
+	emm_state_leave();
 	return r;
 }
 
@@ -500,10 +544,12 @@ EMM_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribut
 
 	if (r != CUDA_SUCCESS || !emm_state_enabled())
 		return r;
+	emm_state_enter();
 	if (emm_heap_find_block(ptr, &range) == 0)
 		fix_range_attribute(attribute, data, &range);
 	else if (in_free_space(ptr))
-		return CUDA_ERROR_INVALID_VALUE; /* the driver's answer for memory nobody holds */
+		r = CUDA_ERROR_INVALID_VALUE; /* the driver's answer for memory nobody holds */
+	emm_state_leave();
 	return r;
 }
 
@@ -514,10 +560,13 @@ EMM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
 	struct emm_block_range range;
 	CUresult r = CALL_REAL(cuPointerGetAttributes, numAttributes, attributes, data, ptr);
 
-	if (r == CUDA_SUCCESS && attributes && data && emm_state_enabled() &&
-	    emm_heap_find_block(ptr, &range) == 0)
-		for (unsigned int i = 0; i < numAttributes; i++)
-			fix_range_attribute(attributes[i], data[i], &range);
+	if (r == CUDA_SUCCESS && attributes && data && emm_state_enabled()) {
+		emm_state_enter();
+		if (emm_heap_find_block(ptr, &range) == 0)
+			for (unsigned int i = 0; i < numAttributes; i++)
+				fix_range_attribute(attributes[i], data[i], &range);
+		emm_state_leave();
+	}
 	return r;
 }
 
@@ -525,12 +574,18 @@ EMM_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdevicep
 {
 	static atomic_bool warned;
 	struct emm_block_range range;
+	bool refuse = false;
 
 	/* A handle names the driver allocation - our segment. The importer
 	 * would map the segment base, not this block: refuse rather than be
 	 * silently wrong. A block at its segment base opens at its own bytes. */
-	if (pHandle && emm_state_enabled() && emm_heap_find_block(dptr, &range) == 0 &&
-	    range.base != range.segment_base && !emm_state_heap_is_pinned(range.heap)) {
+	if (pHandle && emm_state_enabled()) {
+		emm_state_enter();
+		refuse = emm_heap_find_block(dptr, &range) == 0 && range.base != range.segment_base &&
+		         !emm_state_heap_is_pinned(range.heap);
+		emm_state_leave();
+	}
+	if (refuse) {
 		emm_state_count(EMM_COUNT_IPC_REFUSED);
 		if (!atomic_exchange(&warned, true))
 			emm_warn(
@@ -566,10 +621,15 @@ EMM_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsig
 
 EMM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 {
+	CUresult r;
+
 	/* Blocks freed on it get a marker recorded on it now, while it lives. */
 	if (emm_state_enabled())
 		emm_state_stream_destroyed(hStream);
-	return CALL_REAL(cuStreamDestroy_v2, hStream);
+	r = CALL_REAL(cuStreamDestroy_v2, hStream);
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_capture_stream_destroyed(hStream);
+	return r;
 }
 
 /* --- stream capture ---------------------------------------------------- */

@@ -97,6 +97,8 @@ static bool serve_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const v
 
 	if (emm_heap_alloc(heap, size, key, &addr) != 0)
 		return false;
+	/* A graph being captured may use it (capture.c). */
+	emm_capture_note_alloc(addr, heap);
 	trace(EMM_TRACE_ALLOCATE, addr, size, stream);
 	*ret_ptr = (void *)(uintptr_t)addr;
 	return true;
@@ -107,19 +109,28 @@ static bool serve_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const v
 static bool fast_device_alloc(void **ret_ptr, size_t size, emm_stream_t key, const void *stream)
 {
 	emm_heap_t *heap;
+	bool served;
 
-	return emm_state_current_heap(&heap) == 0 && serve_alloc(heap, size, key, stream, ret_ptr);
+	/* The heap guard: the context's heap is not torn down meanwhile. */
+	emm_state_enter();
+	served = emm_state_current_heap(&heap) == 0 && serve_alloc(heap, size, key, stream, ret_ptr);
+	emm_state_leave();
+	return served;
 }
 
 /* Pinned host memory of flag set `flags`, once cudart is initialised. */
 static bool fast_host_alloc(void **ret_ptr, size_t size, unsigned int flags)
 {
 	emm_heap_t *heap;
+	bool served;
 
 	if (flags & ~(unsigned int)HOST_ALLOC_FLAGS)
 		return false;
-	return context_current() && emm_state_pinned_heap(flags, &heap) == 0 &&
-	       serve_alloc(heap, size, EMM_STREAM_SYNC, NULL, ret_ptr);
+	emm_state_enter();
+	served = context_current() && emm_state_pinned_heap(flags, &heap) == 0 &&
+	         serve_alloc(heap, size, EMM_STREAM_SYNC, NULL, ret_ptr);
+	emm_state_leave();
+	return served;
 }
 
 /*
@@ -127,22 +138,40 @@ static bool fast_host_alloc(void **ret_ptr, size_t size, unsigned int flags)
  * (device or pinned host). False leaves it to the real runtime: not ours,
  * interior, already freed (a racing double free loses here too), or the
  * wrong kind of memory for this call - the driver shim then answers the
- * driver's error, which cudart records.
+ * driver's error, which cudart records. As in the driver shims: a context
+ * reset behind our back (cudaDeviceReset) is noticed first, so the stale
+ * block goes to the runtime and the driver; a block a captured graph may
+ * still touch is quarantined (capture.c); all under the heap guard.
  */
-static bool fast_free(void *ptr, bool pinned, emm_stream_t key, const void *stream)
+static bool fast_free_guarded(void *ptr, bool pinned, emm_stream_t key, const void *stream)
 {
 	struct emm_block_range range;
 	emm_addr_t addr = (emm_addr_t)(uintptr_t)ptr;
 	size_t requested = 0;
+	int q;
 
+	emm_state_validate_current();
 	if (emm_heap_find_block(addr, &range) != 0 || range.base != addr)
 		return false;
 	if ((emm_heap_device(range.heap) == -2) != pinned)
 		return false;
-	if (emm_heap_free(addr, key, &requested) != 0)
+	q = emm_capture_quarantine_free(addr, pinned, &requested);
+	if (q < 0)
+		return false; /* freed twice: the driver shim answers */
+	if (q == 0 && emm_heap_free(addr, key, &requested) != 0)
 		return false;
 	trace(EMM_TRACE_FREE, addr, requested, stream);
 	return true;
+}
+
+static bool fast_free(void *ptr, bool pinned, emm_stream_t key, const void *stream)
+{
+	bool freed;
+
+	emm_state_enter();
+	freed = fast_free_guarded(ptr, pinned, key, stream);
+	emm_state_leave();
+	return freed;
 }
 
 /* --- device memory ------------------------------------------------------------- */

@@ -45,6 +45,18 @@
  * segments are not returned), and EMM_STATS prints from counters alone. No
  * exit handler of ours calls the driver.
  *
+ * Heap guard: a heap is destroyed only when its context goes (cuCtxDestroy,
+ * a primary context reset or last release, a reset noticed through the
+ * context id) - possibly while other threads are inside it (a runtime's
+ * exit-time teardown while worker threads still allocate). Every shim path
+ * that touches a heap runs between emm_state_enter and emm_state_leave,
+ * which publish "this thread is inside" in a per-thread slot; the thread
+ * tearing down raises `dropping`, waits until no other thread is inside,
+ * destroys, and lowers it; threads arriving meanwhile wait at the door. The
+ * hot path is a store, a barrier and a load: with membarrier(2) (private
+ * expedited) the barrier is a compiler barrier and the teardown pays the
+ * full fence for every thread; without it, a full fence on each entry.
+ *
  * Fork: the child forgets every heap, context, stream, capture, event pool
  * and address map without calling CUDA (the parent's objects are not its
  * own) and starts empty; its first allocation builds a new heap.
@@ -52,12 +64,16 @@
 #include "interpose/state.h"
 
 #include <errno.h>
+#include <linux/membarrier.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "allocator/backend_loader.h"
 #include "allocator/ptrmap.h"
@@ -68,6 +84,11 @@
 #include "emm/emm_version.h"
 #include "interpose/real.h"
 #include "interpose/state_priv.h"
+
+/* Thread-locals in the initial-exec model: libemm is preloaded (its TLS is
+ * in the static block), and the hot paths read them on every call, which
+ * the general-dynamic model would turn into __tls_get_addr calls. */
+#define EMM_TLS_IE _Thread_local __attribute__((tls_model("initial-exec")))
 
 #define PINNED_FLAG_SETS 8u /* PORTABLE | DEVICEMAP | WRITECOMBINED */
 #define MAX_DEVICES      64
@@ -81,10 +102,10 @@ static atomic_uint atexit_registrations;
 static atomic_bool init_done; /* state_init has finished */
 static bool st_enabled;       /* written once inside state_init */
 static atomic_bool st_exiting;
-static _Thread_local bool tls_in_init;
+static EMM_TLS_IE bool tls_in_init;
 /* Set while this thread is inside the backend: a backend that calls a
  * driver export (rather than host->driver_proc) reaches the driver. */
-static _Thread_local bool tls_in_backend;
+static EMM_TLS_IE bool tls_in_backend;
 
 static const struct emm_options *st_opts;
 static struct emm_backend_loaded st_backend;
@@ -164,6 +185,7 @@ static void backend_log(enum emm_backend_log_level level, const char *msg)
 }
 
 static void state_atexit(void);
+static void guard_setup(void);
 
 static void state_init(void)
 {
@@ -222,6 +244,7 @@ static void state_init(void)
 	atomic_fetch_add(&atexit_registrations, 1);
 	if (atexit(state_atexit) != 0)
 		emm_warn("atexit failed: EMM_STATS will not print");
+	guard_setup();
 	st_enabled = true;
 out:
 	tls_in_init = false;
@@ -263,10 +286,171 @@ const char *emm_state_backend_path(void)
 	return st_backend.table ? st_backend.path : "";
 }
 
+/* --- heap guard (see the top of this file) ---------------------------- */
+
+struct guard_slot {
+	atomic_uint active; /* this thread is inside a heap */
+	atomic_bool used;   /* owned by a live thread */
+	struct guard_slot *next;
+} __attribute__((aligned(64)));
+
+static _Atomic(struct guard_slot *) guard_slots; /* never freed; slots are reused */
+static atomic_uint guard_dropping;
+static bool guard_asymmetric; /* membarrier registered: cheap entry barrier */
+static pthread_key_t guard_key;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+static EMM_TLS_IE struct guard_slot *tls_slot;
+static EMM_TLS_IE unsigned tls_guard_depth;
+
+static void guard_slot_release(void *arg)
+{
+	struct guard_slot *slot = arg;
+
+	atomic_store_explicit(&slot->active, 0, memory_order_release);
+	atomic_store_explicit(&slot->used, false, memory_order_release);
+}
+
+static void guard_init(void)
+{
+	long cmds = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+
+	(void)pthread_key_create(&guard_key, guard_slot_release);
+	if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+	    syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+		guard_asymmetric = true;
+	emm_debug("heap guard: %s", guard_asymmetric ? "membarrier" : "fences");
+}
+
+/* Called from state_init, before any thread can enter. */
+static void guard_setup(void)
+{
+	pthread_once(&guard_once, guard_init);
+}
+
+static struct guard_slot *guard_slot_get(void)
+{
+	struct guard_slot *slot;
+
+	for (slot = atomic_load(&guard_slots); slot; slot = slot->next) {
+		bool expected = false;
+		if (!atomic_load_explicit(&slot->used, memory_order_relaxed) &&
+		    atomic_compare_exchange_strong(&slot->used, &expected, true))
+			break;
+	}
+	if (!slot) {
+		if (posix_memalign((void **)&slot, 64, sizeof(*slot)) != 0)
+			return NULL;
+		memset(slot, 0, sizeof(*slot));
+		atomic_init(&slot->active, 0);
+		atomic_init(&slot->used, true);
+		slot->next = atomic_load(&guard_slots);
+		while (!atomic_compare_exchange_weak(&guard_slots, &slot->next, slot))
+			;
+	}
+	(void)pthread_setspecific(guard_key, slot);
+	tls_slot = slot;
+	/* A new thread using CUDA: run our exit handler before the teardown
+	 * of whatever initialised before it (see the top of this file). */
+	if (atomic_fetch_add(&atexit_registrations, 1) < MAX_ATEXIT)
+		(void)atexit(state_atexit);
+	return slot;
+}
+
+static inline void guard_barrier(void)
+{
+	if (guard_asymmetric)
+		atomic_signal_fence(memory_order_seq_cst);
+	else
+		atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Publish "inside", then wait at the door while a teardown runs. */
+static void guard_publish(struct guard_slot *slot)
+{
+	for (;;) {
+		atomic_store_explicit(&slot->active, 1, memory_order_relaxed);
+		guard_barrier();
+		if (EMM_LIKELY(atomic_load_explicit(&guard_dropping, memory_order_relaxed) == 0))
+			return;
+		atomic_store_explicit(&slot->active, 0, memory_order_release);
+		while (atomic_load_explicit(&guard_dropping, memory_order_acquire) != 0)
+			sched_yield();
+	}
+}
+
+void emm_state_enter(void)
+{
+	struct guard_slot *slot;
+
+	if (tls_guard_depth++ > 0)
+		return;
+	slot = tls_slot;
+	if (EMM_UNLIKELY(!slot)) {
+		slot = guard_slot_get();
+		if (!slot)
+			return; /* no memory for a slot: unguarded */
+	}
+	guard_publish(slot);
+}
+
+void emm_state_leave(void)
+{
+	if (--tls_guard_depth > 0)
+		return;
+	if (EMM_LIKELY(tls_slot != NULL))
+		atomic_store_explicit(&tls_slot->active, 0, memory_order_release);
+}
+
+/* A teardown started from inside the guard (a reset noticed in
+ * current_entry, which has not touched a heap yet) steps out before it
+ * takes any lock, so that it never waits on a thread that waits on it. */
+static void guard_step_out(void)
+{
+	if (tls_guard_depth && tls_slot)
+		atomic_store_explicit(&tls_slot->active, 0, memory_order_release);
+}
+
+static void guard_step_in(void)
+{
+	if (tls_guard_depth && tls_slot)
+		guard_publish(tls_slot);
+}
+
+/* Wait until no other thread is inside a heap; new arrivals wait until
+ * guard_end. The caller is outside (guard_step_out). */
+static void guard_begin(void)
+{
+	atomic_fetch_add(&guard_dropping, 1);
+	if (guard_asymmetric)
+		(void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+	else
+		atomic_thread_fence(memory_order_seq_cst);
+	for (struct guard_slot *slot = atomic_load(&guard_slots); slot; slot = slot->next) {
+		if (slot == tls_slot)
+			continue;
+		while (atomic_load_explicit(&slot->active, memory_order_acquire) != 0)
+			sched_yield();
+	}
+}
+
+static void guard_end(void)
+{
+	atomic_fetch_sub(&guard_dropping, 1);
+}
+
+static void guard_fork_child(void)
+{
+	/* Only this thread exists; slots of the others are forgotten. */
+	atomic_store(&guard_slots, NULL);
+	atomic_store(&guard_dropping, 0);
+	tls_slot = NULL;
+	tls_guard_depth = 0;
+}
+
 /* --- stream keys ------------------------------------------------------- */
 
 static atomic_uint_fast64_t next_thread_index = 1;
-static _Thread_local uint64_t tls_thread_index;
+static EMM_TLS_IE uint64_t tls_thread_index;
 
 static emm_stream_t per_thread_key(void)
 {
@@ -341,7 +525,7 @@ static atomic_uint_fast64_t ctx_generation = 1;
 static atomic_bool have_pinned;
 
 /* key: the context's id, or its handle without cuCtxGetId */
-static _Thread_local struct {
+static EMM_TLS_IE struct {
 	uint64_t key;
 	struct ctx_entry *entry;
 	uint64_t generation;
@@ -470,6 +654,7 @@ static void heap_params(struct emm_heap_params *p)
 	}
 	p->epoch_max_blocks = o->epoch_blocks;
 	p->epoch_max_bytes = o->epoch_bytes;
+	p->arenas = o->arenas;
 }
 
 /* The stream value a backend sees: 0 when unknown, else a CUstream. */
@@ -1151,10 +1336,21 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 	struct ctx_entry *e = NULL;
 	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
 	size_t n = 0;
+	bool any = false;
 
 	if (emm_state_exiting())
 		return false;
+	pthread_mutex_lock(&ctx_lock);
+	for (size_t i = 0; i < ctx_count && !any; i++)
+		any = match(ctx_list[i], arg);
+	pthread_mutex_unlock(&ctx_lock);
+	if (!any)
+		return false;
+
+	guard_step_out();
 	pthread_rwlock_wrlock(&heap_life_lock);
+	/* No other thread inside a heap from here to guard_end. */
+	guard_begin();
 	pthread_mutex_lock(&ctx_lock);
 	for (size_t i = 0; i < ctx_count; i++) {
 		if (match(ctx_list[i], arg)) {
@@ -1177,12 +1373,13 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 	}
 	pthread_mutex_unlock(&ctx_lock);
 	if (!e) {
+		guard_end();
 		pthread_rwlock_unlock(&heap_life_lock);
+		guard_step_in();
 		return false;
 	}
 
 	emm_debug("dropping the heaps of context %p (device %d)", (void *)e->ctx, e->device);
-	emm_capture_context_dropped(e->ctx, heaps, n);
 	emm_fence_pool_drop(e->ctx);
 	for (size_t i = 0; i < n; i++) {
 		struct emm_stats s;
@@ -1195,11 +1392,16 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 			add_retired(&retired[slot], &s);
 		emm_heap_destroy(heaps[i], false);
 	}
+	guard_end();
 	pthread_rwlock_unlock(&heap_life_lock);
+	guard_step_in();
 	if (e->backend_state && st_backend.table->fini)
 		st_backend.table->fini(e->backend_state, false);
 	e->backend_state = NULL;
 	stream_remove_context(e->ctx);
+	/* Its captures and graphs went with it; quarantined blocks of these
+	 * heaps are forgotten (the pointers are only compared). */
+	emm_capture_context_dropped(e->ctx, heaps, n);
 	/* e stays allocated: stale thread caches may still read it. */
 	return true;
 }
@@ -1297,6 +1499,7 @@ void emm_state_stream_created(CUstream stream, bool nonblocking)
 	ctx = current_context();
 	if (!ctx)
 		return;
+	emm_state_enter();
 	/* Insert and look up under ctx_lock, so a heap created concurrently
 	 * either sees the stream in its announcement or is seen here (never
 	 * both). */
@@ -1310,6 +1513,7 @@ void emm_state_stream_created(CUstream stream, bool nonblocking)
 	 * existed are safe on it. */
 	for (size_t i = 0; i < n; i++)
 		emm_heap_stream_created(heaps[i], key, nonblocking);
+	emm_state_leave();
 }
 
 void emm_state_stream_destroyed(CUstream stream)
@@ -1326,11 +1530,13 @@ void emm_state_stream_destroyed(CUstream stream)
 		ctx = current_context();
 	if (!ctx)
 		return;
+	emm_state_enter();
 	pthread_mutex_lock(&ctx_lock);
 	n = heaps_of_context_locked(ctx, heaps);
 	pthread_mutex_unlock(&ctx_lock);
 	for (size_t i = 0; i < n; i++)
 		emm_heap_stream_destroyed(heaps[i], key);
+	emm_state_leave();
 }
 
 /* --- fork and exit ----------------------------------------------------- */
@@ -1358,6 +1564,7 @@ static void fork_child(void)
 			atomic_store(&dev_counters[i][c], 0);
 	memset(retired, 0, sizeof(retired));
 	emm_ptrmap_reset();
+	guard_fork_child();
 	emm_fence_fork_child();
 	if (emm_trace_enabled())
 		emm_trace_fork_child();
@@ -1371,8 +1578,12 @@ __attribute__((constructor)) static void state_constructor(void)
 
 static void state_atexit(void)
 {
+	/* Registered up to MAX_ATEXIT times (see above): the first call to run
+	 * prints the statistics, every call flushes the trace. */
+	static atomic_bool stats_printed;
+
 	atomic_store(&st_exiting, true);
-	if (st_opts && st_opts->stats)
+	if (st_opts && st_opts->stats && !atomic_exchange(&stats_printed, true))
 		emm_stats_print_exit();
 	emm_trace_flush();
 }

@@ -78,6 +78,13 @@ const struct emm_options *emm_state_options(void);
 
 /* --- heaps ------------------------------------------------------------- */
 
+/* Bracket everything that touches a heap (a heap pointer from the
+ * functions below, emm_heap_* on one of our addresses): a heap is destroyed
+ * (context teardown) only while no thread is between the two. Nest freely;
+ * cheap (a store, a barrier, a load). */
+void emm_state_enter(void);
+void emm_state_leave(void);
+
 /* The heap of the current context if it exists; never creates one.
  * 0, -ENODEV (no context or none yet), -ENOSYS (disabled). */
 int emm_state_current_heap_lookup(emm_heap_t **ret_heap);
@@ -139,9 +146,6 @@ CUcontext emm_state_stream_context(emm_stream_t key);
 
 /* --- the graph quarantine (capture.c; the bound is documented there) ----- */
 
-/* True while any stream capture is active. */
-bool emm_capture_any_active(void);
-
 /* A pool block was just handed out: if captures are active, the graphs they
  * make may use it (watched until those graphs are gone). */
 void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap);
@@ -165,6 +169,9 @@ void emm_graph_pin(const void *src, bool src_exec);
 /* cuGraphDestroy / cuGraphExecDestroy succeeded. */
 void emm_graph_destroyed(const void *handle, bool exec);
 
+/* A stream was destroyed (the real call succeeded): a capture still
+ * recorded on it is over without a graph. */
+void emm_capture_stream_destroyed(CUstream stream);
 /* The context is gone: forget its captures, graphs and quarantined blocks
  * (of `heaps`, which are about to be destroyed) without freeing them. */
 void emm_capture_context_dropped(CUcontext ctx, emm_heap_t *const *heaps, size_t nheaps);

@@ -302,4 +302,51 @@ static inline unsigned long long race_parse_size(const char *s)
 	return v;
 }
 
+/* Shared by race.cu and multidevice.cu. */
+/*
+ * Writes `a` over p[0..n) again and again until the host flag reaches `want`
+ * (then `tail_ns` more) or `max_ns` passed, never less than `min_ns`; then one
+ * last full pass. win[0] = 1 if block 0 saw the flag (the race window was
+ * open), 0 if it stopped on the time limit.
+ */
+static __global__ void race_long_writer(uint32_t *p, size_t n, uint32_t a, const volatile uint32_t *flag, uint32_t want,
+					uint64_t min_ns, uint64_t max_ns, uint64_t tail_ns, volatile uint32_t *win)
+{
+	__shared__ int stop;
+	__shared__ int seen;
+	uint64_t t0 = race_gtimer();
+	uint64_t t_end = t0 + max_ns;
+	if (threadIdx.x == 0) {
+		stop = 0;
+		seen = 0;
+	}
+	__syncthreads();
+	volatile uint32_t *vp = p;
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	for (;;) {
+		for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+			vp[i] = a;
+		__syncthreads();
+		if (threadIdx.x == 0) {
+			uint64_t now = race_gtimer();
+			if (!seen && *flag >= want) {
+				seen = 1;
+				uint64_t e = now + tail_ns;
+				uint64_t m = t0 + min_ns;
+				t_end = e > m ? e : m;
+			}
+			if (now >= t_end)
+				stop = 1;
+		}
+		__syncthreads();
+		if (stop)
+			break;
+	}
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+		vp[i] = a;
+	__threadfence_system();
+	if (blockIdx.x == 0 && threadIdx.x == 0)
+		*win = seen;
+}
+
 #endif

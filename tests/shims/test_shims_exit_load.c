@@ -19,14 +19,24 @@
  * (the table is printed while the threads run) and EMM_LOG (the trace is
  * flushed and closed at exit).
  *
+ * A "late" child registers the teardown after the threads made the heap,
+ * so it runs before libemm's exit handler: libemm then sees an ordinary
+ * context reset while other threads are inside the heap, and must wait for
+ * them before dropping it (the heap guard). A "reset" child does that
+ * without exiting: the main thread resets the primary context 200 times,
+ * through libemm's shim and behind its back, while the threads allocate.
+ *
  *   test_shims_exit_load                 the parent (the meson test)
  *   test_shims_exit_load child MS        one child
+ *   test_shims_exit_load late MS         teardown registered late
+ *   test_shims_exit_load reset           resets under load, no exit
  */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +53,7 @@ extern char **environ;
 
 static atomic_uint_fast64_t loops[NDEVICE + 2];
 static CUcontext g_ctx;
+static atomic_bool stop;
 
 /* arg: the thread's index; sizes vary from 4 KiB to 4 MiB. */
 static void *device_loop(void *arg)
@@ -50,7 +61,7 @@ static void *device_loop(void *arg)
 	size_t size = (size_t)4096 << ((uintptr_t)arg % 6);
 
 	(void)cuCtxSetCurrent(g_ctx);
-	for (unsigned i = 0;; i++) {
+	for (unsigned i = 0; !atomic_load_explicit(&stop, memory_order_relaxed); i++) {
 		CUdeviceptr d[4] = {0};
 		for (int j = 0; j < 4; j++)
 			if (cuMemAlloc(&d[j], size + (size_t)(i % 7) * 4096) != CUDA_SUCCESS)
@@ -68,7 +79,7 @@ static void *pinned_loop(void *arg)
 {
 	(void)arg;
 	(void)cuCtxSetCurrent(g_ctx);
-	for (;;) {
+	while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
 		void *p = NULL;
 		if (cuMemAllocHost(&p, 8192) == CUDA_SUCCESS)
 			(void)cuMemFreeHost(p);
@@ -84,7 +95,7 @@ static void *async_loop(void *arg)
 	(void)arg;
 	(void)cuCtxSetCurrent(g_ctx);
 	(void)cuStreamCreate(&s, CU_STREAM_NON_BLOCKING);
-	for (unsigned i = 0;; i++) {
+	for (unsigned i = 0; !atomic_load_explicit(&stop, memory_order_relaxed); i++) {
 		CUdeviceptr d = 0, e = 0;
 		CUgraph graph = NULL;
 		CUgraphExec exec = NULL;
@@ -125,10 +136,37 @@ static void runtime_teardown(void)
 	}
 }
 
-static int child(unsigned ms)
+/* The teardown registered after libemm's last registration: it runs first. */
+static void runtime_teardown_late(void)
 {
-	pthread_t t;
+	(void)cuDevicePrimaryCtxReset(0);
+	(void)cuDevicePrimaryCtxRelease(0);
+}
+
+static int start_threads(pthread_t *threads)
+{
 	pthread_attr_t attr;
+
+	pthread_attr_init(&attr);
+	if (!threads)
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	for (uintptr_t i = 0; i < NDEVICE + 2; i++) {
+		pthread_t t;
+		void *(*fn)(void *) = i < NDEVICE ? device_loop : i == NDEVICE ? pinned_loop : async_loop;
+		if (pthread_create(&t, &attr, fn, (void *)i))
+			return -1;
+		if (threads)
+			threads[i] = t;
+	}
+	/* Every thread is in its loop before the clock starts. */
+	for (int i = 0; i < NDEVICE + 2; i++)
+		while (atomic_load(&loops[i]) == 0)
+			sched_yield();
+	return 0;
+}
+
+static int child(unsigned ms, bool late)
+{
 	size_t free_b = 0, total_b = 0;
 
 	g_ctx = shims_setup();
@@ -136,23 +174,44 @@ static int child(unsigned ms)
 	if (cuMemGetInfo(&free_b, &total_b) != CUDA_SUCCESS)
 		return 20;
 	/* ... and the "runtime" registers its teardown after it. */
-	atexit(runtime_teardown);
-	pthread_attr_init(&attr);
-	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-	for (uintptr_t i = 0; i < NDEVICE; i++)
-		if (pthread_create(&t, &attr, device_loop, (void *)i))
-			return 21;
-	if (pthread_create(&t, &attr, pinned_loop, NULL) || pthread_create(&t, &attr, async_loop, NULL))
-		return 21;
+	if (!late)
+		atexit(runtime_teardown);
 	if (cuMemAlloc(&late_block, 4096) != CUDA_SUCCESS)
 		return 22;
-	/* Every thread is in its loop before the clock starts. */
-	for (int i = 0; i < NDEVICE + 2; i++)
-		while (atomic_load(&loops[i]) == 0)
-			sched_yield();
+	if (start_threads(NULL) < 0)
+		return 21;
+	if (late)
+		atexit(runtime_teardown_late);
 	if (ms)
 		usleep(ms * 1000);
 	exit(0);
+}
+
+/* Resets under load (no exit): libemm must never free a heap another
+ * thread is inside. The threads' errors while the context is down are the
+ * driver's business. */
+static int reset_under_load(void)
+{
+	pthread_t threads[NDEVICE + 2];
+	CUcontext c;
+
+	g_ctx = shims_setup();
+	if (start_threads(threads) < 0)
+		return 21;
+	for (int i = 0; i < 200; i++) {
+		if (i % 2) {
+			if (fakecuda_device_reset(0, 1) != 0)
+				return 23;
+		} else {
+			if (cuDevicePrimaryCtxReset(0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&c, 0) != CUDA_SUCCESS)
+				return 24;
+		}
+		usleep(200);
+	}
+	atomic_store(&stop, true);
+	for (int i = 0; i < NDEVICE + 2; i++)
+		pthread_join(threads[i], NULL);
+	return 0;
 }
 
 static double now_s(void)
@@ -164,7 +223,7 @@ static double now_s(void)
 }
 
 /* Run one child; 0 if it exited 0 within the timeout. */
-static int run_child(const char *self, unsigned ms, const char *extra_env)
+static int run_child(const char *self, const char *mode, unsigned ms, const char *extra_env)
 {
 	char arg[16];
 	char *argv[4];
@@ -176,7 +235,7 @@ static int run_child(const char *self, unsigned ms, const char *extra_env)
 
 	snprintf(arg, sizeof(arg), "%u", ms);
 	argv[0] = (char *)self;
-	argv[1] = (char *)"child";
+	argv[1] = (char *)mode;
 	argv[2] = arg;
 	argv[3] = NULL;
 	while (environ[n])
@@ -204,19 +263,20 @@ static int run_child(const char *self, unsigned ms, const char *extra_env)
 		if (now_s() - t0 > 30.0) {
 			kill(pid, SIGKILL);
 			waitpid(pid, &status, 0);
-			fprintf(stderr, "child (exit after %u ms, %s) hung: killed\n", ms, extra_env ? extra_env : "-");
+			fprintf(stderr, "%s child (exit after %u ms, %s) hung: killed\n", mode, ms,
+			        extra_env ? extra_env : "-");
 			return -1;
 		}
 		usleep(1000);
 	}
 	if (WIFSIGNALED(status)) {
-		fprintf(stderr, "child (exit after %u ms, %s) died of signal %d\n", ms, extra_env ? extra_env : "-",
-		        WTERMSIG(status));
+		fprintf(stderr, "%s child (exit after %u ms, %s) died of signal %d\n", mode, ms,
+		        extra_env ? extra_env : "-", WTERMSIG(status));
 		return -1;
 	}
 	if (WEXITSTATUS(status) != 0) {
-		fprintf(stderr, "child (exit after %u ms, %s) exited %d\n", ms, extra_env ? extra_env : "-",
-		        WEXITSTATUS(status));
+		fprintf(stderr, "%s child (exit after %u ms, %s) exited %d\n", mode, ms,
+		        extra_env ? extra_env : "-", WEXITSTATUS(status));
 		return -1;
 	}
 	return 0;
@@ -231,7 +291,11 @@ int main(int argc, char **argv)
 	ssize_t len;
 
 	if (argc == 3 && strcmp(argv[1], "child") == 0)
-		return child((unsigned)atoi(argv[2]));
+		return child((unsigned)atoi(argv[2]), false);
+	if (argc == 3 && strcmp(argv[1], "late") == 0)
+		return child((unsigned)atoi(argv[2]), true);
+	if (argc >= 2 && strcmp(argv[1], "reset") == 0)
+		return reset_under_load();
 	len = readlink("/proc/self/exe", self, sizeof(self) - 1);
 	if (len <= 0)
 		return 2;
@@ -243,9 +307,14 @@ int main(int argc, char **argv)
 	for (int rep = 0; rep < 12; rep++)
 		for (size_t d = 0; d < sizeof(delays) / sizeof(delays[0]); d++)
 			for (int v = 0; v < 3; v++) {
-				runs++;
-				failed += run_child(self, delays[d], variants[v]) != 0;
+				runs += 2;
+				failed += run_child(self, "child", delays[d], variants[v]) != 0;
+				failed += run_child(self, "late", delays[d], variants[v]) != 0;
 			}
+	for (int rep = 0; rep < 4; rep++) {
+		runs++;
+		failed += run_child(self, "reset", 0, NULL) != 0;
+	}
 	unlink(log_env + strlen("EMM_LOG="));
 	printf("%d children, %d failed\n", runs, failed);
 	printf("%d passed, %d failed, 0 skipped\n", failed ? 0 : 1, failed ? 1 : 0);

@@ -189,9 +189,12 @@ TEST_BEGIN(test_capture_stays_valid)
 	assert_int_eq(cuStreamSynchronize(s), CUDA_SUCCESS);
 	assert_int_eq(stats(-1, &s1), 0);
 	expect_int_eq(s1.passthrough_allocs - s0.passthrough_allocs, 1);
+	/* The pooled block waits for the graph and its exec (quarantine). */
+	expect_int_eq(s1.frees - s0.frees, 0);
+	assert_int_eq(cuGraphExecDestroy(exec), CUDA_SUCCESS);
+	assert_int_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+	assert_int_eq(stats(-1, &s1), 0);
 	expect_int_eq(s1.frees - s0.frees, 1);
-	(void)cuGraphExecDestroy(exec);
-	(void)cuGraphDestroy(graph);
 	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 TEST_END

@@ -199,6 +199,28 @@ TEST_BEGIN(test_failed_capture_releases_at_once)
 }
 TEST_END
 
+/* A capturing stream destroyed: its capture makes no graph. */
+TEST_BEGIN(test_stream_destroyed_while_capturing)
+{
+	CUstream s;
+	CUdeviceptr b;
+	uint64_t f0;
+
+	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&b, SZ), CUDA_SUCCESS);
+	f0 = pool_frees();
+	assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+	expect_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	expect_int_eq(pool_frees() - f0, 0);
+	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+	expect_int_eq(pool_frees() - f0, 1);
+	/* No capture is left: frees are ordinary again. */
+	assert_int_eq(cuMemAlloc(&b, SZ), CUDA_SUCCESS);
+	expect_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	expect_int_eq(pool_frees() - f0, 2);
+}
+TEST_END
+
 /* Allocated during the capture, freed after it while the graph lives. */
 TEST_BEGIN(test_allocated_during_capture)
 {
@@ -329,6 +351,9 @@ TEST_BEGIN(test_hidden_reset_detected)
 		assert_int_eq(cuMemFree(y), CUDA_SUCCESS); /* cached */
 		assert_int_eq(fakecuda_device_reset(0, retain_by_fake), 0);
 		if (!retain_by_fake) {
+			/* Before the runtime retains it again, the reset context is
+			 * still current: the driver's answer (709), not the pool's. */
+			expect_int_eq(cuMemFree(x), CUDA_ERROR_CONTEXT_IS_DESTROYED);
 			/* Retained through libemm's shim this time. */
 			assert_int_eq(cuDevicePrimaryCtxRetain(&cur, 0), CUDA_SUCCESS);
 			expect_ptr_eq(cur, g_ctx);
@@ -399,7 +424,8 @@ int main(void)
 {
 	g_ctx = shims_setup();
 	return emm_test_run(test_freed_during_capture_kept_while_exec_lives, test_every_mode_and_free_kind,
-	                    test_failed_capture_releases_at_once, test_allocated_during_capture, test_derived_graphs,
+	                    test_failed_capture_releases_at_once, test_stream_destroyed_while_capturing,
+	                    test_allocated_during_capture, test_derived_graphs,
 	                    test_overlapping_captures, test_context_destroyed_with_quarantine,
 	                    test_hidden_reset_detected, test_hidden_reset_other_threads, NULL);
 }
