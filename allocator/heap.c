@@ -210,6 +210,8 @@ static inline struct arena *thread_arena(const struct emm_heap *heap)
 
 void emm_heap_params_default(struct emm_heap_params *p)
 {
+	/* Every field, including ones added later, starts zeroed. */
+	memset(p, 0, sizeof(*p));
 	p->small_max = 1 * MIB;
 	p->small_segment = 2 * MIB;
 	p->large_segment = 20 * MIB;
@@ -222,6 +224,7 @@ void emm_heap_params_default(struct emm_heap_params *p)
 	p->free_mode = EMM_FREE_MODE_FENCE;
 	p->epoch_max_blocks = 32;
 	p->epoch_max_bytes = 64 * MIB;
+	p->host_accessible = false;
 	p->arenas = 0;
 }
 
@@ -689,7 +692,7 @@ static int close_epoch(struct arena *h)
 	for (unsigned i = 0; i < h->nb_count; i++)
 		if (f_capturing(h, h->nb[i]))
 			return -EBUSY;
-	if (h->nb_count) {
+	if (h->nb_count || h->p.host_accessible) {
 		next_open = fence_new(h);
 		if (!next_open)
 			return -ENOMEM;
@@ -714,10 +717,13 @@ static int close_epoch(struct arena *h)
 		h->st.events_recorded++;
 	}
 	h->st.epochs_closed++;
-	if (!h->nb_count) {
+	if (!h->nb_count && !h->p.host_accessible) {
 		/* Fast path: the legacy event orders every later use on blocking
 		 * and per-thread streams, and new non-blocking streams wait on it
-		 * (emm_heap_last_fence). The blocks are ready at once. */
+		 * (emm_heap_last_fence). The blocks are ready at once. Not for
+		 * host-accessible memory: the host writes a reused pinned block
+		 * at once, outside every stream, so it must wait for completion
+		 * (a copy from it may still be in flight: measured on the H200). */
 		set_last_fence(h, ep->events[0], NULL);
 		ep->nevents = 0;
 		fence_release_blocks(h, ep);

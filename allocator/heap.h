@@ -75,6 +75,8 @@ struct emm_heap_params {
 	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (32),
 				      * or half as many when an allocation needs its memory */
 	size_t epoch_max_bytes;	     /* ... or this many bytes (64 MiB) */
+	bool host_accessible;	     /* the host touches the blocks (pinned memory): reuse waits for every
+				      * fence event to complete, even with no non-blocking stream alive */
 	unsigned arenas;	     /* small-pool arenas, threads spread over them (0: one per CPU, <= 8;
 				      * rounded down to a power of two); the large pool is shared */
 };

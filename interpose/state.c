@@ -1124,6 +1124,9 @@ int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap)
 	heap = atomic_load_explicit(&e->pinned[flags], memory_order_relaxed);
 	if (!heap) {
 		heap_params(&params);
+		/* The program writes pinned blocks from the host: reuse only after
+		 * the free's fence events complete. */
+		params.host_accessible = true;
 		src.state = &e->pinned_src[flags];
 		src.alloc = host_seg_alloc;
 		src.free = host_seg_free;

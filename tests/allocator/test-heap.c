@@ -448,6 +448,39 @@ TEST_BEGIN(test_epoch_fast_path)
 }
 TEST_END
 
+/* Host-accessible memory (pinned): even with no non-blocking stream the
+ * closed epoch's blocks wait for the legacy event to complete, because the
+ * host writes a reused block at once, outside every stream. The H200 race
+ * test caught the fast path handing out a pinned block under a copy. */
+TEST_BEGIN(test_epoch_host_accessible)
+{
+	struct emm_heap_params p = defaults();
+	p.oom_retry = false;
+	p.host_accessible = true;
+	emm_heap_t *h = setup(&p, true, 2 * MIB);
+	assert_ptr_not_null(h);
+	emm_addr_t blk[16], r = 0;
+
+	for (int i = 0; i < 16; i++)
+		blk[i] = xalloc(h, 128 * KIB, 0);
+	for (int i = 0; i < 16; i++)
+		xfree(blk[i], 0);
+	struct emm_stats st = heap_stats(h);
+	expect_u64_eq(st.epochs_closed, 1);
+	expect_u64_eq(st.events_recorded, 1);
+	expect_u64_eq(st.pending_bytes, 2 * MIB); /* not ready at close */
+	CHECKH(h);
+	expect_int_eq(emm_heap_alloc(h, 128 * KIB, 0, &r), -ENOMEM);
+	fake_complete(&fence, EMM_STREAM_LEGACY);
+	emm_addr_t a = xalloc(h, 128 * KIB, 0);
+	expect_u64_eq(a, blk[0]);
+	expect_u64_eq(heap_stats(h).pending_bytes, 0);
+	expect_u64_eq(heap_stats(h).host_waits, 0);
+	xfree(a, 0);
+	teardown(h);
+}
+TEST_END
+
 /* With a live non-blocking stream, a closed epoch's blocks wait for every
  * one of its events (queried on the miss path). */
 TEST_BEGIN(test_epoch_nonblocking)
@@ -1052,7 +1085,7 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_create_args, test_split_merge, test_best_fit, test_large_split_rules,
-	                    test_max_split, test_stream_reuse, test_steal, test_epoch_fast_path,
+	                    test_max_split, test_stream_reuse, test_steal, test_epoch_fast_path, test_epoch_host_accessible,
 	                    test_epoch_nonblocking, test_epoch_bytes, test_epoch_pressure, test_epoch_capture,
 	                    test_stream_destroy, test_strict_mode, test_stream_mode, test_no_fence_ops,
 	                    test_oom_retry, test_release_threshold, test_release_idle, test_bad_frees,

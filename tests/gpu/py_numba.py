@@ -53,10 +53,19 @@ def flush_frees():
     cuda.synchronize()
 
 
+def numba_live():
+    """How many allocations Numba itself still tracks as live (its memory
+    manager's table), or None if this Numba does not expose it."""
+    mm = getattr(cuda.current_context(), "memory_manager", None)
+    table = getattr(mm, "allocations", None)
+    return len(table) if table is not None else None
+
+
 def test_device_arrays():
     flush_frees()
     sizes = [1000, 100000, 1 << 20]
     made = 0
+    live0 = numba_live()
     a = case.snap()
     for rnd in range(2):
         for n in sizes:
@@ -73,7 +82,13 @@ def test_device_arrays():
     case.served("numba cuda.to_device + cuda.device_array", a, b, made)
     flush_frees()
     c = case.snap()
-    case.freed("numba deallocations", a, c, made)
+    # Frees Numba has not issued (arrays it still holds, such as a cached
+    # kernel argument) are not escapes: only count what Numba released.
+    live1 = numba_live()
+    kept = live1 - live0 if live0 is not None and live1 is not None else 0
+    if kept:
+        print("  numba still holds %d of the %d arrays after gc and flush" % (kept, made), flush=True)
+    case.freed("numba deallocations", a, c, made - max(kept, 0))
 
 
 def test_pinned_arrays():
