@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "common/compiler.h"
+#include "allocator/trace.h"
 #include "common/log.h"
 #include "emm/emm.h"
 #include "emm/emm_version.h"
@@ -36,6 +37,9 @@ EMM_EXPORT int emm_stats_get(int device, struct emm_stats *out)
 	if (!out || out->struct_size < STATS_MIN_SIZE || device < -2)
 		return -EINVAL;
 	caller_size = out->struct_size;
+	/* A statistics snapshot is also a trace flush point, so a program (or
+	 * test) that reads its counters can read a complete EMM_LOG too. */
+	emm_trace_flush();
 	memset(&s, 0, sizeof(s));
 	s.struct_size = sizeof(s);
 	s.version = EMM_STATS_VERSION;
