@@ -57,8 +57,11 @@ def flush_frees():
 def watch(arr, refs):
     """Keep a weak reference to the array's device memory object: once it is
     dead, Numba has released the memory (and queued its free)."""
+    mem = arr.gpu_data
+    # A device array's gpu_data may be a view; the owner frees the memory.
+    mem = getattr(mem, "owner", None) or mem
     try:
-        refs.append(weakref.ref(arr.gpu_data))
+        refs.append(weakref.ref(mem))
     except TypeError:
         refs.append(None)
 
