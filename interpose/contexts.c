@@ -1,0 +1,558 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose/contexts.c - one heap per CUDA context: the registry of
+ * context entries, the thread cache that finds the calling thread's entry,
+ * building an entry (backend, device heap), the segment sources that feed
+ * a context's heaps from the backend, noticing a reset that bypassed our
+ * shims, and dropping a context's heaps when it goes.
+ *
+ * Finding the heap of the calling thread costs one real driver call and a
+ * thread-local compare: each thread caches (context id, entry, generation),
+ * and any context teardown bumps the generation so every cache misses once.
+ * The key is the context's unique id (cuCtxGetId of the current context):
+ * a primary context keeps its handle across a reset, and cudart's
+ * cudaDeviceReset resets it without calling any shim of ours, so the handle
+ * alone would keep serving the old context's heap, whose segments the
+ * driver has freed. An entry whose context handle now carries another id is
+ * stale: its heaps are dropped without driver calls (later frees of its
+ * blocks go to the driver and get its error) and a new entry is built.
+ * Frees check the same (emm_state_validate_current) before the pool takes
+ * the block. Without cuCtxGetId (drivers before 12.0) the handle is the key.
+ * Entries are never freed (a torn-down one is unlinked), so a stale cache
+ * never points at freed memory.
+ *
+ * A heap is destroyed only when its context goes, under the heap guard
+ * (guard.c), and never after exit has begun (state.c).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/compiler.h"
+#include "common/log.h"
+#include "interpose/state_internal.h"
+#include "interpose/state_priv.h"
+
+pthread_mutex_t st_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_rwlock_t st_heap_life_lock = PTHREAD_RWLOCK_INITIALIZER;
+static struct ctx_entry **ctx_list;
+static size_t ctx_count, ctx_cap;
+atomic_uint_fast64_t st_ctx_generation = 1;
+
+EMM_TLS_IE struct st_tls_ctx st_tls_ctx;
+/* Set while this thread is inside the backend: a backend that calls a
+ * driver export (rather than host->driver_proc) reaches the driver. */
+static EMM_TLS_IE bool tls_in_backend;
+
+/* --- segment sources --------------------------------------------------- */
+
+/* The stream value a backend sees: 0 when unknown, else a CUstream. */
+static uint64_t backend_stream(emm_stream_t key)
+{
+	if (key == EMM_STREAM_SYNC)
+		return 0;
+	return (uint64_t)(uintptr_t)emm_state_stream_handle(key);
+}
+
+bool st_push_ctx(CUcontext ctx)
+{
+	const struct emm_state_real_extra *x = st_real_extra();
+	CUcontext cur = NULL;
+
+	if (!st_real_table()->cuCtxGetCurrent || st_real_table()->cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+		cur = NULL;
+	if (cur == ctx || !x->cuCtxPushCurrent_v2 || !x->cuCtxPopCurrent_v2)
+		return false;
+	return x->cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+}
+
+void st_pop_ctx(bool pushed)
+{
+	CUcontext popped;
+
+	if (pushed)
+		(void)st_real_extra()->cuCtxPopCurrent_v2(&popped);
+}
+
+int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size, emm_stream_t stream,
+                     emm_addr_t *ret_addr)
+{
+	int ret;
+
+	if (st_is_exiting())
+		return -ENOMEM;
+	tls_in_backend = true;
+	if (host)
+		ret = st_backend.table->host_segment_alloc(e->backend_state, size, flags, ret_addr);
+	else
+		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
+	tls_in_backend = false;
+	return ret;
+}
+
+/* With the entry's context current: a heap may return a segment from a
+ * thread where another context is current. */
+int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size, emm_stream_t stream)
+{
+	bool pushed;
+	int ret;
+
+	if (st_is_exiting())
+		return 0; /* the driver frees everything with the process */
+	pushed = st_push_ctx(e->ctx);
+	tls_in_backend = true;
+	if (host)
+		ret = st_backend.table->host_segment_free(e->backend_state, addr, size);
+	else
+		ret = st_backend.table->segment_free(e->backend_state, addr, size, backend_stream(stream));
+	tls_in_backend = false;
+	st_pop_ctx(pushed);
+	return ret;
+}
+
+static int seg_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
+{
+	return st_segment_alloc(state, false, 0, size, stream, ret_addr);
+}
+
+static int seg_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream)
+{
+	return st_segment_free(state, false, addr, size, stream);
+}
+
+/* --- entries ----------------------------------------------------------- */
+
+static struct ctx_entry *entry_find_locked(CUcontext ctx)
+{
+	for (size_t i = 0; i < ctx_count; i++)
+		if (ctx_list[i]->ctx == ctx)
+			return ctx_list[i];
+	return NULL;
+}
+
+/* Is ctx the primary context of dev? Retaining an active primary context
+ * only bumps its count, so retain + release leaves it as it was. */
+static bool is_primary_context(CUcontext ctx, CUdevice dev)
+{
+	const struct emm_real_driver_table *real = st_real_table();
+	const struct emm_state_real_extra *x = st_real_extra();
+	unsigned int flags = 0;
+	int active = 0;
+	CUcontext primary = NULL;
+
+	if (!real->cuDevicePrimaryCtxGetState || !x->cuDevicePrimaryCtxRetain ||
+	    !real->cuDevicePrimaryCtxRelease_v2)
+		return false;
+	if (real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+		return false;
+	if (x->cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS)
+		return false;
+	(void)real->cuDevicePrimaryCtxRelease_v2(dev);
+	return primary == ctx;
+}
+
+/* Build the entry (and heap) of the current context `ctx`. st_ctx_lock
+ * held. Returns NULL only without memory; a failed backend gives a failed
+ * entry (pass-through for that context). */
+static struct ctx_entry *entry_create_locked(CUcontext ctx, unsigned long long ctx_id)
+{
+	const struct emm_real_driver_table *real = st_real_table();
+	struct emm_heap_params params;
+	struct emm_segment_source src;
+	struct ctx_entry *e;
+	CUdevice dev = 0;
+	int ret;
+
+	if (ctx_count == ctx_cap) {
+		size_t cap = ctx_cap ? ctx_cap * 2 : 8;
+		struct ctx_entry **list = realloc(ctx_list, cap * sizeof(*list));
+		if (!list)
+			return NULL;
+		ctx_list = list;
+		ctx_cap = cap;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return NULL;
+	e->ctx = ctx;
+	e->ctx_id = ctx_id;
+	for (unsigned i = 0; i < PINNED_FLAG_SETS; i++) {
+		e->pinned_src[i].entry = e;
+		e->pinned_src[i].flags = i;
+	}
+
+	if (!real->cuCtxGetDevice || real->cuCtxGetDevice(&dev) != CUDA_SUCCESS) {
+		e->failed = true;
+		goto publish;
+	}
+	e->device = dev;
+	e->primary = is_primary_context(ctx, dev);
+	e->pool = emm_fence_pool_get(ctx);
+	if (!e->pool) {
+		e->failed = true;
+		goto publish;
+	}
+	emm_fence_ops_init(e->pool, &e->fence);
+
+	tls_in_backend = true;
+	ret = st_backend.table->init(&st_host, dev, (uint64_t)(uintptr_t)ctx, &e->backend_state);
+	tls_in_backend = false;
+	if (ret < 0) {
+		emm_warn("backend %s: init for device %d failed (%s): this context's allocations go to the "
+		         "driver",
+		         st_backend.table->name, dev, strerror(-ret));
+		e->failed = true;
+		goto publish;
+	}
+	st_heap_params(&params);
+	src.state = e;
+	src.alloc = seg_alloc;
+	src.free = seg_free;
+	ret = emm_heap_create(&params, &src, &e->fence, dev, &e->heap);
+	if (ret < 0) {
+		emm_warn(
+		    "cannot create the heap for device %d (%s): this context's allocations go to the driver",
+		    dev, strerror(-ret));
+		if (st_backend.table->fini)
+			st_backend.table->fini(e->backend_state, true);
+		e->backend_state = NULL;
+		e->failed = true;
+		goto publish;
+	}
+	st_announce_streams(e->heap, ctx);
+	emm_debug("heap for context %p (id %llu, device %d%s)", (void *)ctx, ctx_id, dev,
+	          e->primary ? ", primary" : "");
+	/* Run our exit handler before the teardown of a runtime that
+	 * initialised after us (see state.c). */
+	st_atexit_again();
+publish:
+	ctx_list[ctx_count++] = e;
+	return e;
+}
+
+static bool drop_entry(struct ctx_entry *stale);
+
+/* The current context and its key for the thread cache: its unique id, or
+ * its handle where the driver has no cuCtxGetId. 0; -ENODEV without a
+ * usable current context (none, not initialised); -ESTALE when the current
+ * context is destroyed or reset and not retained again (its memory is gone:
+ * the caller drops our heaps of it). */
+static int current_context_key(uint64_t *ret_key, unsigned long long *ret_id)
+{
+	const struct emm_state_real_extra *x = st_real_extra();
+	const struct emm_real_driver_table *real;
+	unsigned long long id = 0;
+	CUcontext ctx = NULL;
+	CUresult r;
+
+	if (EMM_LIKELY(x->cuCtxGetId != NULL)) {
+		/* NULL: the current context's id; an error without one. */
+		r = x->cuCtxGetId(NULL, &id);
+		if (EMM_UNLIKELY(r != CUDA_SUCCESS || id == 0))
+			return r == CUDA_ERROR_CONTEXT_IS_DESTROYED ? -ESTALE : -ENODEV;
+		*ret_key = id;
+		*ret_id = id;
+		return 0;
+	}
+	real = st_real_table();
+	if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+		return -ENODEV;
+	*ret_key = (uint64_t)(uintptr_t)ctx;
+	*ret_id = 0;
+	return 0;
+}
+
+/* An entry left from before a reset of its context is dropped on the way
+ * (see the top of this file). */
+int st_current_entry(struct ctx_entry **ret, bool create)
+{
+	const struct emm_real_driver_table *real;
+	struct ctx_entry *e;
+	unsigned long long id;
+	CUcontext ctx = NULL;
+	uint64_t gen, key;
+	int rc;
+
+	if (!st_is_enabled() || st_is_exiting() || tls_in_backend)
+		return -ENOSYS;
+	rc = current_context_key(&key, &id);
+	if (EMM_UNLIKELY(rc < 0)) {
+		/* cudaDeviceReset leaves the reset primary context current
+		 * until the runtime's next call retains it: a free made in
+		 * between (shared cudart's fast path) must not reach the old
+		 * heap. */
+		if (rc == -ESTALE && (real = st_real_table())->cuCtxGetCurrent &&
+		    real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)
+			emm_state_context_destroyed(ctx);
+		return -ENODEV;
+	}
+	gen = atomic_load_explicit(&st_ctx_generation, memory_order_acquire);
+	if (EMM_LIKELY(st_tls_ctx.key == key && st_tls_ctx.generation == gen && st_tls_ctx.entry)) {
+		e = st_tls_ctx.entry;
+	} else {
+		real = st_real_table();
+		if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+			return -ENODEV;
+		for (;;) {
+			pthread_mutex_lock(&st_ctx_lock);
+			e = entry_find_locked(ctx);
+			if (e && e->ctx_id != id) {
+				/* Same handle, another context: reset behind our back. */
+				struct ctx_entry *stale = e;
+				pthread_mutex_unlock(&st_ctx_lock);
+				emm_debug("context %p was reset (id %llu, now %llu): dropping its heaps",
+				          (void *)ctx, stale->ctx_id, id);
+				if (!drop_entry(stale) && st_is_exiting())
+					return -ENOSYS;
+				continue;
+			}
+			if (!e && create)
+				e = entry_create_locked(ctx, id);
+			gen = atomic_load_explicit(&st_ctx_generation, memory_order_relaxed);
+			pthread_mutex_unlock(&st_ctx_lock);
+			break;
+		}
+		if (!e)
+			return -ENODEV;
+		st_tls_ctx.key = key;
+		st_tls_ctx.entry = e;
+		st_tls_ctx.generation = gen;
+	}
+	if (e->failed)
+		return -ENOSYS;
+	*ret = e;
+	return 0;
+}
+
+void emm_state_validate_current(void)
+{
+	struct ctx_entry *e;
+
+	(void)st_current_entry(&e, false);
+}
+
+int emm_state_current_heap(emm_heap_t **ret_heap)
+{
+	struct ctx_entry *e;
+	int ret = st_current_entry(&e, true);
+
+	if (ret < 0)
+		return ret;
+	*ret_heap = e->heap;
+	return 0;
+}
+
+int emm_state_current_heap_lookup(emm_heap_t **ret_heap)
+{
+	struct ctx_entry *e;
+	int ret = st_current_entry(&e, false);
+
+	if (ret < 0)
+		return ret;
+	*ret_heap = e->heap;
+	return 0;
+}
+
+size_t emm_state_pitch_alignment(void)
+{
+	const struct emm_state_real_extra *x;
+	struct ctx_entry *e;
+	size_t align;
+	int value = 0;
+
+	if (st_current_entry(&e, true) < 0)
+		return 512;
+	align = atomic_load_explicit(&e->pitch_align, memory_order_relaxed);
+	if (align)
+		return align;
+	x = st_real_extra();
+	align = 512;
+	if (x->cuDeviceGetAttribute &&
+	    x->cuDeviceGetAttribute(&value, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, e->device) ==
+	        CUDA_SUCCESS &&
+	    value > 512 && (value & (value - 1)) == 0)
+		align = (size_t)value;
+	atomic_store_explicit(&e->pitch_align, align, memory_order_relaxed);
+	return align;
+}
+
+/* --- the heaps of the registry ----------------------------------------- */
+
+struct heap_ref *st_snapshot_locked(size_t *ret_count)
+{
+	struct heap_ref *refs = calloc(ctx_count * (1 + PINNED_FLAG_SETS) + 1, sizeof(*refs));
+	size_t n = 0;
+
+	if (!refs) {
+		*ret_count = 0;
+		return NULL;
+	}
+	for (size_t i = 0; i < ctx_count; i++) {
+		struct ctx_entry *e = ctx_list[i];
+		if (e->heap)
+			refs[n++] = (struct heap_ref){e->heap, e->device, e->ctx};
+		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
+			emm_heap_t *p = atomic_load(&e->pinned[f]);
+			if (p)
+				refs[n++] = (struct heap_ref){p, -2, e->ctx};
+		}
+	}
+	*ret_count = n;
+	return refs;
+}
+
+size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out)
+{
+	struct ctx_entry *e = entry_find_locked(ctx);
+	size_t n = 0;
+
+	if (e && e->heap) {
+		out[n++] = e->heap;
+		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
+			emm_heap_t *p = atomic_load(&e->pinned[f]);
+			if (p)
+				out[n++] = p;
+		}
+	}
+	return n;
+}
+
+/* --- context teardown -------------------------------------------------- */
+
+/* Unlink one entry matching `match`, destroy its heaps without driver calls
+ * and forget its streams, events, captures and graphs. Returns false when
+ * none matched. After exit has begun nothing is torn down (other threads
+ * may still be using the heaps; the process is about to end anyway). */
+static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), const void *arg)
+{
+	struct ctx_entry *e = NULL;
+	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
+	size_t n = 0;
+	bool any = false;
+
+	if (st_is_exiting())
+		return false;
+	pthread_mutex_lock(&st_ctx_lock);
+	for (size_t i = 0; i < ctx_count && !any; i++)
+		any = match(ctx_list[i], arg);
+	pthread_mutex_unlock(&st_ctx_lock);
+	if (!any)
+		return false;
+
+	st_guard_step_out();
+	pthread_rwlock_wrlock(&st_heap_life_lock);
+	/* No other thread inside a heap from here to st_guard_end. */
+	st_guard_begin();
+	pthread_mutex_lock(&st_ctx_lock);
+	for (size_t i = 0; i < ctx_count; i++) {
+		if (match(ctx_list[i], arg)) {
+			e = ctx_list[i];
+			ctx_list[i] = ctx_list[--ctx_count];
+			break;
+		}
+	}
+	if (e) {
+		atomic_fetch_add(&st_ctx_generation, 1);
+		if (e->heap)
+			heaps[n++] = e->heap;
+		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
+			emm_heap_t *p = atomic_exchange(&e->pinned[f], NULL);
+			if (p)
+				heaps[n++] = p;
+		}
+		e->heap = NULL;
+		e->failed = true;
+	}
+	pthread_mutex_unlock(&st_ctx_lock);
+	if (!e) {
+		st_guard_end();
+		pthread_rwlock_unlock(&st_heap_life_lock);
+		st_guard_step_in();
+		return false;
+	}
+
+	emm_debug("dropping the heaps of context %p (device %d)", (void *)e->ctx, e->device);
+	emm_fence_pool_drop(e->ctx);
+	for (size_t i = 0; i < n; i++) {
+		st_stats_retire(heaps[i]);
+		emm_heap_destroy(heaps[i], false);
+	}
+	st_guard_end();
+	pthread_rwlock_unlock(&st_heap_life_lock);
+	st_guard_step_in();
+	if (e->backend_state && st_backend.table->fini)
+		st_backend.table->fini(e->backend_state, false);
+	e->backend_state = NULL;
+	st_stream_remove_context(e->ctx);
+	/* Its captures and graphs went with it; quarantined blocks of these
+	 * heaps are forgotten (the pointers are only compared). */
+	emm_capture_context_dropped(e->ctx, heaps, n);
+	/* e stays allocated: stale thread caches may still read it. */
+	return true;
+}
+
+static bool match_ctx(const struct ctx_entry *e, const void *arg)
+{
+	return e->ctx == (CUcontext)arg;
+}
+
+static bool match_entry(const struct ctx_entry *e, const void *arg)
+{
+	return e == arg;
+}
+
+static bool drop_entry(struct ctx_entry *stale)
+{
+	return drop_one(match_entry, stale);
+}
+
+static bool match_primary(const struct ctx_entry *e, const void *arg)
+{
+	return e->primary && e->device == *(const CUdevice *)arg;
+}
+
+void emm_state_context_destroyed(CUcontext ctx)
+{
+	while (drop_one(match_ctx, ctx))
+		;
+}
+
+void emm_state_primary_reset(CUdevice dev)
+{
+	while (drop_one(match_primary, &dev))
+		;
+}
+
+void emm_state_primary_released(CUdevice dev)
+{
+	const struct emm_real_driver_table *real = st_real_table();
+	unsigned int flags = 0;
+	int active = 1;
+
+	if (st_is_exiting() || !real->cuDevicePrimaryCtxGetState ||
+	    real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+		return;
+	if (!active)
+		emm_state_primary_reset(dev);
+}
+
+void emm_state_primary_retaining(CUdevice dev)
+{
+	/* An inactive primary context has no memory: any heap we keep for it
+	 * is left from before a reset we did not see. */
+	emm_state_primary_released(dev);
+}
+
+void st_contexts_fork_child(void)
+{
+	pthread_mutex_init(&st_ctx_lock, NULL);
+	pthread_rwlock_init(&st_heap_life_lock, NULL);
+	ctx_list = NULL;
+	ctx_count = ctx_cap = 0;
+	atomic_fetch_add(&st_ctx_generation, 1);
+	st_tls_ctx.key = 0;
+	st_tls_ctx.entry = NULL;
+}

@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose/guard.c - the heap guard: a heap is destroyed only while no
+ * thread is inside it.
+ *
+ * A heap is destroyed only when its context goes (cuCtxDestroy, a primary
+ * context reset or last release, a reset noticed through the context id;
+ * contexts.c) - possibly while other threads are inside it (a runtime's
+ * exit-time teardown while worker threads still allocate). Every shim path
+ * that touches a heap runs between emm_state_enter and emm_state_leave,
+ * which publish "this thread is inside" in a per-thread slot; the thread
+ * tearing down raises `dropping`, waits until no other thread is inside,
+ * destroys, and lowers it; threads arriving meanwhile wait at the door. The
+ * hot path is a store, a barrier and a load: with membarrier(2) (private
+ * expedited) the barrier is a compiler barrier and the teardown pays the
+ * full fence for every thread; without it, a full fence on each entry.
+ */
+#include <linux/membarrier.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/compiler.h"
+#include "common/log.h"
+#include "interpose/state_internal.h"
+#include "interpose/state_priv.h"
+
+struct guard_slot {
+	atomic_uint active; /* this thread is inside a heap */
+	atomic_bool used;   /* owned by a live thread */
+	struct guard_slot *next;
+} __attribute__((aligned(64)));
+
+static _Atomic(struct guard_slot *) guard_slots; /* never freed; slots are reused */
+static atomic_uint guard_dropping;
+static bool guard_asymmetric; /* membarrier registered: cheap entry barrier */
+static pthread_key_t guard_key;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+static EMM_TLS_IE struct guard_slot *tls_slot;
+static EMM_TLS_IE unsigned tls_guard_depth;
+
+static void guard_slot_release(void *arg)
+{
+	struct guard_slot *slot = arg;
+
+	atomic_store_explicit(&slot->active, 0, memory_order_release);
+	atomic_store_explicit(&slot->used, false, memory_order_release);
+}
+
+static void guard_init(void)
+{
+	long cmds = syscall(__NR_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+
+	(void)pthread_key_create(&guard_key, guard_slot_release);
+	if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+	    syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+		guard_asymmetric = true;
+	emm_debug("heap guard: %s", guard_asymmetric ? "membarrier" : "fences");
+}
+
+void st_guard_setup(void)
+{
+	pthread_once(&guard_once, guard_init);
+}
+
+/* Out of line: the first entry of a thread only; emm_state_enter's fast
+ * path stays a few instructions without a frame. */
+__attribute__((noinline)) static struct guard_slot *guard_slot_get(void)
+{
+	struct guard_slot *slot;
+
+	for (slot = atomic_load(&guard_slots); slot; slot = slot->next) {
+		bool expected = false;
+		if (!atomic_load_explicit(&slot->used, memory_order_relaxed) &&
+		    atomic_compare_exchange_strong(&slot->used, &expected, true))
+			break;
+	}
+	if (!slot) {
+		if (posix_memalign((void **)&slot, 64, sizeof(*slot)) != 0)
+			return NULL;
+		memset(slot, 0, sizeof(*slot));
+		atomic_init(&slot->active, 0);
+		atomic_init(&slot->used, true);
+		slot->next = atomic_load(&guard_slots);
+		while (!atomic_compare_exchange_weak(&guard_slots, &slot->next, slot))
+			;
+	}
+	(void)pthread_setspecific(guard_key, slot);
+	tls_slot = slot;
+	/* A new thread using CUDA: run our exit handler before the teardown
+	 * of whatever initialised before it (see state.c). */
+	st_atexit_again();
+	return slot;
+}
+
+static inline void guard_barrier(void)
+{
+	if (guard_asymmetric)
+		atomic_signal_fence(memory_order_seq_cst);
+	else
+		atomic_thread_fence(memory_order_seq_cst);
+}
+
+/* Publish "inside", then wait at the door while a teardown runs. */
+static void guard_publish(struct guard_slot *slot)
+{
+	for (;;) {
+		atomic_store_explicit(&slot->active, 1, memory_order_relaxed);
+		guard_barrier();
+		if (EMM_LIKELY(atomic_load_explicit(&guard_dropping, memory_order_relaxed) == 0))
+			return;
+		atomic_store_explicit(&slot->active, 0, memory_order_release);
+		while (atomic_load_explicit(&guard_dropping, memory_order_acquire) != 0)
+			sched_yield();
+	}
+}
+
+void emm_state_enter(void)
+{
+	struct guard_slot *slot;
+
+	if (tls_guard_depth++ > 0)
+		return;
+	slot = tls_slot;
+	if (EMM_UNLIKELY(!slot)) {
+		slot = guard_slot_get();
+		if (!slot)
+			return; /* no memory for a slot: unguarded */
+	}
+	guard_publish(slot);
+}
+
+void emm_state_leave(void)
+{
+	if (--tls_guard_depth > 0)
+		return;
+	if (EMM_LIKELY(tls_slot != NULL))
+		atomic_store_explicit(&tls_slot->active, 0, memory_order_release);
+}
+
+/* A teardown started from inside the guard (a reset noticed in
+ * st_current_entry, which has not touched a heap yet) steps out before it
+ * takes any lock, so that it never waits on a thread that waits on it. */
+void st_guard_step_out(void)
+{
+	if (tls_guard_depth && tls_slot)
+		atomic_store_explicit(&tls_slot->active, 0, memory_order_release);
+}
+
+void st_guard_step_in(void)
+{
+	if (tls_guard_depth && tls_slot)
+		guard_publish(tls_slot);
+}
+
+/* Wait until no other thread is inside a heap; new arrivals wait until
+ * st_guard_end. The caller is outside (st_guard_step_out). */
+void st_guard_begin(void)
+{
+	atomic_fetch_add(&guard_dropping, 1);
+	if (guard_asymmetric)
+		(void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
+	else
+		atomic_thread_fence(memory_order_seq_cst);
+	for (struct guard_slot *slot = atomic_load(&guard_slots); slot; slot = slot->next) {
+		if (slot == tls_slot)
+			continue;
+		while (atomic_load_explicit(&slot->active, memory_order_acquire) != 0)
+			sched_yield();
+	}
+}
+
+void st_guard_end(void)
+{
+	atomic_fetch_sub(&guard_dropping, 1);
+}
+
+void st_guard_fork_child(void)
+{
+	/* Only this thread exists; slots of the others are forgotten. */
+	atomic_store(&guard_slots, NULL);
+	atomic_store(&guard_dropping, 0);
+	tls_slot = NULL;
+	tls_guard_depth = 0;
+}

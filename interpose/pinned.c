@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose/pinned.c - the pinned-host heaps: one per (context, flag set of
+ * cuMemHostAlloc), created on first use.
+ *
+ * Pinned heaps are per context: the driver frees cuMemHostAlloc memory
+ * with the context that allocated it. Their fences are the context's events,
+ * recorded on its legacy stream and its live non-blocking streams (the
+ * streams are announced to the pinned heaps as to the device heap), because
+ * pinned memory is read by asynchronous copies on those streams. They go
+ * with their context (contexts.c).
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "common/compiler.h"
+#include "interpose/state_internal.h"
+#include "interpose/state_priv.h"
+
+static atomic_bool have_pinned;
+
+static int host_seg_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
+{
+	struct pinned_source *src = state;
+
+	return st_segment_alloc(src->entry, true, src->flags, size, stream, ret_addr);
+}
+
+static int host_seg_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream)
+{
+	struct pinned_source *src = state;
+
+	return st_segment_free(src->entry, true, addr, size, stream);
+}
+
+int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap)
+{
+	const struct emm_backend *b;
+	struct emm_heap_params params;
+	struct emm_segment_source src;
+	struct ctx_entry *e;
+	emm_heap_t *heap;
+	int ret;
+
+	if (!st_is_enabled())
+		return -ENOSYS;
+	b = st_backend.table;
+	if (!st_opts->pinned || !(b->caps & EMM_BACKEND_CAP_HOST_PINNED) || !b->host_segment_alloc ||
+	    !b->host_segment_free)
+		return -ENOSYS;
+	if (flags >= PINNED_FLAG_SETS)
+		return -EINVAL;
+	ret = st_current_entry(&e, true);
+	if (ret < 0)
+		return ret;
+	heap = atomic_load_explicit(&e->pinned[flags], memory_order_acquire);
+	if (EMM_LIKELY(heap)) {
+		*ret_heap = heap;
+		return 0;
+	}
+
+	pthread_mutex_lock(&st_ctx_lock);
+	heap = atomic_load_explicit(&e->pinned[flags], memory_order_relaxed);
+	if (!heap) {
+		st_heap_params(&params);
+		/* The program writes pinned blocks from the host: reuse only after
+		 * the free's fence events complete. */
+		params.host_accessible = true;
+		src.state = &e->pinned_src[flags];
+		src.alloc = host_seg_alloc;
+		src.free = host_seg_free;
+		ret = emm_heap_create(&params, &src, &e->fence, -2, &heap);
+		if (ret == 0) {
+			st_announce_streams(heap, e->ctx);
+			atomic_store_explicit(&e->pinned[flags], heap, memory_order_release);
+			atomic_store(&have_pinned, true);
+		}
+	}
+	pthread_mutex_unlock(&st_ctx_lock);
+	if (!heap)
+		return ret < 0 ? ret : -ENOMEM;
+	*ret_heap = heap;
+	return 0;
+}
+
+bool emm_state_heap_is_pinned(const emm_heap_t *heap)
+{
+	return emm_heap_device(heap) == -2;
+}
+
+bool emm_state_have_pinned(void)
+{
+	return atomic_load_explicit(&have_pinned, memory_order_relaxed);
+}
+
+void st_pinned_fork_child(void)
+{
+	atomic_store(&have_pinned, false);
+}

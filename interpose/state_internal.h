@@ -1,0 +1,214 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose/state_internal.h - what the files of libemm's process state
+ * share with one another and with nobody else:
+ *   state.c    - initialisation, the loaded backend, exit and fork;
+ *   guard.c    - the heap guard (the teardown side is declared here);
+ *   contexts.c - the context entries, the thread cache, teardown;
+ *   pinned.c   - the pinned-host heaps;
+ *   streams.c  - stream keys and the live-stream registry;
+ *   stats.c    - the counters and the walks over the heaps for statistics.
+ * Names shared this way start with st_ (hidden like every symbol of
+ * libemm: -fvisibility=hidden). The other interpose files see state.h and
+ * state_priv.h only.
+ *
+ * The fast paths the hot paths inlined when all of this was one file (is
+ * libemm enabled, is it exiting, the real entry points, the device of the
+ * thread cache) are static inline here, so a cached allocation still costs
+ * what it did.
+ */
+#ifndef EMM_INTERPOSE_STATE_INTERNAL_H
+#define EMM_INTERPOSE_STATE_INTERNAL_H
+
+#include <cuda.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "allocator/backend_loader.h"
+#include "allocator/heap.h"
+#include "common/compiler.h"
+#include "config/options.h"
+#include "interpose/real.h"
+#include "interpose/state.h"
+#include "interpose/state_priv.h"
+
+/* Hidden on the declarations too, so that the other state files reach
+ * these symbols directly rather than through the GOT. */
+#pragma GCC visibility push(hidden)
+
+/* Thread-locals in the initial-exec model: libemm is preloaded (its TLS is
+ * in the static block), and the hot paths read them on every call, which
+ * the general-dynamic model would turn into __tls_get_addr calls. */
+#define EMM_TLS_IE _Thread_local __attribute__((tls_model("initial-exec")))
+
+#define PINNED_FLAG_SETS 8u /* PORTABLE | DEVICEMAP | WRITECOMBINED */
+#define MAX_DEVICES      64
+
+/* --- state.c: initialisation, backend, exit ----------------------------- */
+
+extern atomic_bool st_init_done; /* state_init has finished */
+extern bool st_enabled;          /* written once inside state_init */
+extern atomic_bool st_exiting;
+extern const struct emm_options *st_opts;
+extern struct emm_backend_loaded st_backend;
+extern struct emm_backend_host st_host;
+extern _Atomic(const struct emm_real_driver_table *) st_real;
+extern struct emm_state_real_extra st_extra;
+extern pthread_once_t st_extra_once;
+
+void st_extra_init(void);
+
+/* emm_state_enabled, emm_state_exiting, emm_state_real and
+ * emm_state_real_extra, inlined: their slow paths are the real ones. */
+static inline bool st_is_enabled(void)
+{
+	if (EMM_LIKELY(atomic_load_explicit(&st_init_done, memory_order_acquire)))
+		return st_enabled;
+	return emm_state_enabled();
+}
+
+static inline bool st_is_exiting(void)
+{
+	return atomic_load_explicit(&st_exiting, memory_order_relaxed);
+}
+
+static inline const struct emm_real_driver_table *st_real_table(void)
+{
+	const struct emm_real_driver_table *t = atomic_load_explicit(&st_real, memory_order_acquire);
+
+	if (EMM_LIKELY(t))
+		return t;
+	return emm_state_real();
+}
+
+static inline const struct emm_state_real_extra *st_real_extra(void)
+{
+	pthread_once(&st_extra_once, st_extra_init);
+	return &st_extra;
+}
+
+/* Register the exit handler once more (up to a bound): a thread or context
+ * new to CUDA may come after a runtime whose teardown ours must precede
+ * (see state.c). */
+void st_atexit_again(void);
+
+/* The heap parameters the options ask for. */
+void st_heap_params(struct emm_heap_params *p);
+
+/* --- guard.c: the teardown side of the heap guard ---------------------- */
+
+/* Called from state_init, before any thread can enter. */
+void st_guard_setup(void);
+/* A teardown started from inside the guard steps out before it takes any
+ * lock (so that it never waits on a thread that waits on it), and back in
+ * after. */
+void st_guard_step_out(void);
+void st_guard_step_in(void);
+/* Wait until no other thread is inside a heap; new arrivals wait until
+ * st_guard_end. The caller is outside (st_guard_step_out). */
+void st_guard_begin(void);
+void st_guard_end(void);
+void st_guard_fork_child(void);
+
+/* --- contexts.c: the context registry ---------------------------------- */
+
+struct ctx_entry;
+
+/* The segment source of a pinned heap: its context and flag set. */
+struct pinned_source {
+	struct ctx_entry *entry;
+	unsigned flags;
+};
+
+struct ctx_entry {
+	CUcontext ctx;
+	unsigned long long ctx_id; /* cuCtxGetId at creation; 0 if unknown */
+	CUdevice device;
+	bool primary; /* the device's primary context */
+	bool failed;  /* no heap (backend init failed): pass through */
+	void *backend_state;
+	emm_heap_t *heap;
+	_Atomic(emm_heap_t *) pinned[PINNED_FLAG_SETS];
+	struct pinned_source pinned_src[PINNED_FLAG_SETS];
+	struct emm_fence_pool *pool;
+	struct emm_fence_ops fence;
+	atomic_size_t pitch_align; /* 0 until asked */
+};
+
+extern pthread_mutex_t st_ctx_lock;
+/* Held shared by walks over the heaps, exclusive while one is destroyed. */
+extern pthread_rwlock_t st_heap_life_lock;
+extern atomic_uint_fast64_t st_ctx_generation;
+
+/* The thread cache. key: the context's id, or its handle without
+ * cuCtxGetId. */
+struct st_tls_ctx {
+	uint64_t key;
+	struct ctx_entry *entry;
+	uint64_t generation;
+};
+extern EMM_TLS_IE struct st_tls_ctx st_tls_ctx;
+
+/* The device of the thread's cached context; -1 if the cache is stale. */
+static inline int st_tls_device(void)
+{
+	if (st_tls_ctx.entry &&
+	    st_tls_ctx.generation == atomic_load_explicit(&st_ctx_generation, memory_order_relaxed))
+		return st_tls_ctx.entry->device;
+	return -1;
+}
+
+/* The entry of the current context. 0; -ENODEV (no context, or `create`
+ * false and none yet); -ENOSYS (disabled, exiting, or the context passes
+ * through). */
+int st_current_entry(struct ctx_entry **ret, bool create);
+
+/* Make `ctx` current around a driver call made outside the shims. */
+bool st_push_ctx(CUcontext ctx);
+void st_pop_ctx(bool pushed);
+
+/* Take a segment from / give one back to the backend of `e`: device
+ * memory, or pinned host memory of the flag set `flags` when `host`. */
+int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size, emm_stream_t stream,
+                     emm_addr_t *ret_addr);
+int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size, emm_stream_t stream);
+
+struct heap_ref {
+	emm_heap_t *heap;
+	int device;
+	CUcontext ctx;
+};
+
+/* Snapshot the live heaps (caller frees). st_ctx_lock held. */
+struct heap_ref *st_snapshot_locked(size_t *ret_count);
+/* The heaps of ctx (device first; at most 1 + PINNED_FLAG_SETS).
+ * st_ctx_lock held. */
+size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out);
+
+void st_contexts_fork_child(void);
+
+/* --- pinned.c ------------------------------------------------------------ */
+
+void st_pinned_fork_child(void);
+
+/* --- streams.c ----------------------------------------------------------- */
+
+/* Announce every live stream of the context to a new heap. */
+void st_announce_streams(emm_heap_t *heap, CUcontext ctx);
+/* Forget every stream of a context. */
+void st_stream_remove_context(CUcontext ctx);
+void st_streams_fork_child(void);
+
+/* --- stats.c ------------------------------------------------------------- */
+
+/* A heap is about to be destroyed: keep its counters for EMM_STATS.
+ * st_heap_life_lock held exclusive. */
+void st_stats_retire(emm_heap_t *heap);
+void st_stats_fork_child(void);
+
+#pragma GCC visibility pop
+
+#endif
