@@ -1,0 +1,181 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/heap_check.c - the invariant checker behind emm_heap_check:
+ * walks every arena's segments, blocks, trees, fences and idle list, and
+ * compares what it finds with the counters (the tests and bench-core call
+ * it; the allocator itself never does).
+ */
+#include "allocator/heap_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+
+#include "allocator/ptrmap.h"
+#include "common/log.h"
+
+#define CHECK(cond, ...)                                                                                     \
+	do {                                                                                                 \
+		if (EMM_UNLIKELY(!(cond))) {                                                                 \
+			emm_error("heap check: " __VA_ARGS__);                                               \
+			return -EFAULT;                                                                      \
+		}                                                                                            \
+	} while (0)
+
+static int check_locked(struct arena *h)
+{
+	uint64_t allocated = 0, requested = 0, pending = 0, reserved = 0, live = 0, segments = 0;
+	size_t ready[NPOOLS] = {0, 0}, npending = 0, nidle = 0;
+
+	for (unsigned pool = 0; pool < NPOOLS; pool++) {
+		const char *why = "";
+		CHECK(emm_tree_check(&h->trees[pool], &why) >= 0, "pool %u tree: %s", pool, why);
+	}
+
+	for (struct emm_segment *s = h->segs; s; s = s->next) {
+		uint64_t base = 0;
+		size_t size = 0;
+		void *value = NULL;
+		struct emm_block *prev = NULL;
+		emm_addr_t expect = s->base;
+		size_t nblocks = 0;
+
+		CHECK(s->live && s->arena == h, "segment 0x%llx not live or of another arena",
+		      (unsigned long long)s->base);
+		CHECK(s->pool == POOL_SMALL || h == h->owner->arenas[0],
+		      "large-pool segment 0x%llx outside arena 0", (unsigned long long)s->base);
+		CHECK(s->next == NULL || s->next->prev == s, "segment list links disagree at 0x%llx",
+		      (unsigned long long)s->base);
+		CHECK(emm_segmap_find(s->base, &base, &size, &value) == 0 && base == s->base &&
+		          size == s->size && value == s,
+		      "segment 0x%llx (+%zu) missing from the segment map", (unsigned long long)s->base,
+		      s->size);
+		CHECK(s->first && s->first->prev == NULL, "segment 0x%llx: bad first block",
+		      (unsigned long long)s->base);
+		for (struct emm_block *b = s->first; b; b = b->next) {
+			nblocks++;
+			CHECK(b->seg == s, "block 0x%llx: wrong segment", (unsigned long long)b->addr);
+			CHECK(b->prev == prev, "block 0x%llx: prev link disagrees",
+			      (unsigned long long)b->addr);
+			CHECK(b->addr == expect,
+			      "block at 0x%llx, expected 0x%llx: blocks do not tile the segment",
+			      (unsigned long long)b->addr, (unsigned long long)expect);
+			CHECK(b->size > 0 && b->size % EMM_MIN_BLOCK == 0,
+			      "block 0x%llx: size %zu not a multiple of %u", (unsigned long long)b->addr,
+			      b->size, EMM_MIN_BLOCK);
+			CHECK(b->size <= s->base + s->size - b->addr,
+			      "block 0x%llx (+%zu) runs past its segment", (unsigned long long)b->addr,
+			      b->size);
+			CHECK(b->pool == s->pool, "block 0x%llx: pool disagrees with segment",
+			      (unsigned long long)b->addr);
+			switch (b->state) {
+			case BLOCK_LIVE:
+				CHECK(!emm_tree_node_linked(&b->node), "live block 0x%llx in a tree",
+				      (unsigned long long)b->addr);
+				CHECK(b->requested <= b->size, "live block 0x%llx: requested %zu > size %zu",
+				      (unsigned long long)b->addr, b->requested, b->size);
+				allocated += b->size;
+				requested += b->requested;
+				live++;
+				break;
+			case BLOCK_READY:
+				CHECK(emm_tree_node_linked(&b->node) &&
+				          emm_tree_find(&h->trees[b->pool], b->stream, b->size, b->addr) ==
+				              &b->node,
+				      "ready block 0x%llx (+%zu, key 0x%llx) not in its pool's tree",
+				      (unsigned long long)b->addr, b->size, (unsigned long long)b->stream);
+				CHECK(!(prev && prev->state == BLOCK_READY && prev->stream == b->stream),
+				      "adjacent mergeable free blocks at 0x%llx and 0x%llx",
+				      (unsigned long long)prev->addr, (unsigned long long)b->addr);
+				ready[b->pool]++;
+				break;
+			case BLOCK_PENDING:
+				CHECK(!emm_tree_node_linked(&b->node), "pending block 0x%llx in a tree",
+				      (unsigned long long)b->addr);
+				CHECK(b->fence != NULL, "pending block 0x%llx without a fence",
+				      (unsigned long long)b->addr);
+				pending += b->size;
+				npending++;
+				break;
+			default:
+				CHECK(0, "block 0x%llx in state %u", (unsigned long long)b->addr, b->state);
+			}
+			expect = b->addr + b->size;
+			prev = b;
+		}
+		CHECK(expect == s->base + s->size, "segment 0x%llx: blocks end at 0x%llx, segment at 0x%llx",
+		      (unsigned long long)s->base, (unsigned long long)expect,
+		      (unsigned long long)(s->base + s->size));
+		bool whole_any = nblocks == 1 && s->first->state == BLOCK_READY && s->first->stream == 0;
+		CHECK(s->idle == whole_any, "segment 0x%llx: idle flag %d, whole ready-any %d",
+		      (unsigned long long)s->base, s->idle, whole_any);
+		reserved += s->size;
+		segments++;
+	}
+
+	for (unsigned pool = 0; pool < NPOOLS; pool++)
+		CHECK(h->trees[pool].count == ready[pool],
+		      "pool %u tree holds %zu blocks, %zu ready blocks found", pool, h->trees[pool].count,
+		      ready[pool]);
+
+	/* Fences: the open epoch, then the closed FIFO. */
+	size_t listed = 0;
+	for (struct emm_fence *f = h->open; f; f = f == h->open ? h->fq_head : f->next) {
+		size_t n = 0, bytes = 0;
+		for (struct emm_block *b = f->blocks; b; b = b->link) {
+			CHECK(b->state == BLOCK_PENDING && b->fence == f,
+			      "fence list holds block 0x%llx in state %u", (unsigned long long)b->addr,
+			      b->state);
+			CHECK(b->seg && b->seg->live, "fence holds block 0x%llx of a dead segment",
+			      (unsigned long long)b->addr);
+			n++;
+			bytes += b->size;
+		}
+		CHECK(n == f->nblocks && bytes == f->bytes, "fence counts %u blocks/%zu bytes, lists %zu/%zu",
+		      f->nblocks, f->bytes, n, bytes);
+		CHECK(!f->retired || n == 0, "retired fence still holds blocks");
+		CHECK(f == h->open || f->done <= f->nevents, "fence event index past its events");
+		if (f->next == NULL && f != h->open)
+			CHECK(h->fq_tail == f, "fence FIFO tail disagrees");
+		listed += n;
+	}
+	CHECK(listed == npending, "%zu pending blocks, %zu on fence lists", npending, listed);
+
+	for (struct emm_segment *s = h->idle_head; s; s = s->idle_next) {
+		CHECK(s->idle && s->live, "idle list holds a segment not idle");
+		CHECK(s->idle_next == NULL || s->idle_next->idle_prev == s, "idle list links disagree");
+		nidle++;
+	}
+	for (struct emm_segment *s = h->segs; s; s = s->next)
+		if (s->idle)
+			nidle--;
+	CHECK(nidle == 0, "idle list and idle flags disagree");
+
+	CHECK(allocated == h->st.allocated, "allocated bytes %llu, counter %llu",
+	      (unsigned long long)allocated, (unsigned long long)h->st.allocated);
+	CHECK(requested == h->st.requested, "requested bytes %llu, counter %llu",
+	      (unsigned long long)requested, (unsigned long long)h->st.requested);
+	CHECK(pending == h->st.pending, "pending bytes %llu, counter %llu", (unsigned long long)pending,
+	      (unsigned long long)h->st.pending);
+	CHECK(reserved == h->st.reserved, "reserved bytes %llu, counter %llu", (unsigned long long)reserved,
+	      (unsigned long long)h->st.reserved);
+	CHECK(live == h->st.live_blocks, "live blocks %llu, counter %llu", (unsigned long long)live,
+	      (unsigned long long)h->st.live_blocks);
+	CHECK(segments == h->st.segments, "segments %llu, counter %llu", (unsigned long long)segments,
+	      (unsigned long long)h->st.segments);
+	return 0;
+}
+
+int emm_heap_check(emm_heap_t *heap)
+{
+	int r = 0;
+
+	if (!heap)
+		return -EINVAL;
+	for (unsigned i = 0; i < heap->narenas && r == 0; i++) {
+		struct arena *h = heap->arenas[i];
+		pthread_mutex_lock(&h->lock);
+		r = check_locked(h);
+		pthread_mutex_unlock(&h->lock);
+	}
+	return r;
+}

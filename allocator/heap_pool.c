@@ -1,0 +1,394 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/heap_pool.c - the blocks and segments of one arena: metadata
+ * recycling (block slabs, segment structs), the best-fit trees and the idle
+ * list, coalescing free blocks (emm_pool_block_ready) and splitting the one
+ * handed out (emm_pool_take_block), the stream keys present in the trees,
+ * and growing from and releasing to the segment source. Callers hold the
+ * arena lock unless a function says otherwise.
+ */
+#include "allocator/heap_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "allocator/ptrmap.h"
+#include "common/log.h"
+
+#define BLOCK_SLAB 128u /* blocks per metadata slab */
+
+/* --- metadata recycling --------------------------------------------------- */
+
+static struct emm_block *block_new(struct arena *h)
+{
+	struct emm_block *b = h->block_free;
+
+	if (EMM_UNLIKELY(!b)) {
+		/* One slab: a pointer-sized header chaining the slabs, then blocks. */
+		size_t hdr = EMM_ALIGN_UP(sizeof(void *), _Alignof(struct emm_block));
+		char *slab = malloc(hdr + BLOCK_SLAB * sizeof(struct emm_block));
+		if (!slab)
+			return NULL;
+		*(void **)slab = h->slabs;
+		h->slabs = slab;
+		struct emm_block *arr = (struct emm_block *)(slab + hdr);
+		for (unsigned i = 0; i < BLOCK_SLAB; i++) {
+			arr[i].state = BLOCK_UNUSED;
+			arr[i].link = i + 1 < BLOCK_SLAB ? &arr[i + 1] : NULL;
+		}
+		b = arr;
+	}
+	h->block_free = b->link;
+	b->prev = b->next = NULL;
+	b->link = NULL;
+	b->fence = NULL;
+	b->requested = 0;
+	b->stream = 0;
+	emm_tree_node_clear(&b->node);
+	return b;
+}
+
+static inline void block_recycle(struct arena *h, struct emm_block *b)
+{
+	b->state = BLOCK_UNUSED;
+	b->seg = NULL;
+	b->link = h->block_free;
+	h->block_free = b;
+}
+
+static struct emm_segment *segment_new(struct arena *h)
+{
+	struct emm_segment *s = h->seg_free;
+
+	if (s) {
+		h->seg_free = s->next;
+	} else {
+		s = calloc(1, sizeof(*s));
+		if (!s)
+			return NULL;
+		s->arena = h;
+		s->all_next = h->seg_all;
+		h->seg_all = s;
+	}
+	s->prev = s->next = NULL;
+	s->idle_prev = s->idle_next = NULL;
+	s->first = NULL;
+	s->live = false;
+	s->idle = false;
+	return s;
+}
+
+/* --- trees, idle list, ready blocks --------------------------------------- */
+
+static void idle_add(struct arena *h, struct emm_segment *s)
+{
+	s->idle = true;
+	s->idle_next = NULL;
+	s->idle_prev = h->idle_tail;
+	if (h->idle_tail)
+		h->idle_tail->idle_next = s;
+	else
+		h->idle_head = s;
+	h->idle_tail = s;
+}
+
+static void idle_del(struct arena *h, struct emm_segment *s)
+{
+	if (s->idle_prev)
+		s->idle_prev->idle_next = s->idle_next;
+	else
+		h->idle_head = s->idle_next;
+	if (s->idle_next)
+		s->idle_next->idle_prev = s->idle_prev;
+	else
+		h->idle_tail = s->idle_prev;
+	s->idle = false;
+	s->idle_prev = s->idle_next = NULL;
+}
+
+static inline void tree_put(struct arena *h, struct emm_block *b)
+{
+	b->node.key[0] = b->stream;
+	b->node.key[1] = b->size;
+	b->node.key[2] = b->addr;
+	emm_tree_insert(&h->trees[b->pool], &b->node);
+	if (!b->prev && !b->next && b->stream == 0)
+		idle_add(h, b->seg);
+}
+
+static inline void tree_take(struct arena *h, struct emm_block *b)
+{
+	if (b->seg->idle)
+		idle_del(h, b->seg);
+	emm_tree_remove(&h->trees[b->pool], &b->node);
+}
+
+/* Make a free block ready under `key` (0: any), merging with neighbours that
+ * are ready under the same key. Never merges live or pending blocks. */
+struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm_stream_t key)
+{
+	struct emm_block *n;
+
+	b->state = BLOCK_READY;
+	b->stream = key;
+	b->fence = NULL;
+	b->link = NULL;
+
+	n = b->prev;
+	if (n && n->state == BLOCK_READY && n->stream == key) {
+		tree_take(h, n);
+		b->addr = n->addr;
+		b->size += n->size;
+		b->prev = n->prev;
+		if (b->prev)
+			b->prev->next = b;
+		else
+			b->seg->first = b;
+		block_recycle(h, n);
+		h->st.merges++;
+	}
+	n = b->next;
+	if (n && n->state == BLOCK_READY && n->stream == key) {
+		tree_take(h, n);
+		b->size += n->size;
+		b->next = n->next;
+		if (b->next)
+			b->next->prev = b;
+		block_recycle(h, n);
+		h->st.merges++;
+	}
+	tree_put(h, b);
+	return b;
+}
+
+/* --- splitting: handing a block out --------------------------------------- */
+
+static inline bool should_split(const struct arena *h, const struct emm_block *b, size_t rounded)
+{
+	size_t rem = b->size - rounded;
+
+	if (b->pool == POOL_SMALL)
+		return rem >= EMM_MIN_BLOCK;
+	/* Large pool: remainders must be worth a large block (> small_max, 1 MiB
+	 * by default), and oversize requests never split. */
+	return rounded < h->p.max_split && rem > h->p.small_max;
+}
+
+/* Hand out a ready block: take it out of its tree, split off the remainder
+ * (which stays ready under the same key), mark it live. */
+void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
+                         emm_stream_t stream)
+{
+	tree_take(h, b);
+	if (b->size > rounded && should_split(h, b, rounded)) {
+		struct emm_block *r = block_new(h);
+		if (r) { /* without metadata the whole block goes out: still correct */
+			r->seg = b->seg;
+			r->pool = b->pool;
+			r->addr = b->addr + rounded;
+			r->size = b->size - rounded;
+			r->stream = b->stream;
+			r->state = BLOCK_READY;
+			r->prev = b;
+			r->next = b->next;
+			if (b->next)
+				b->next->prev = r;
+			b->next = r;
+			b->size = rounded;
+			/* b was maximal, so r's other neighbour is not mergeable. */
+			tree_put(h, r);
+			h->st.splits++;
+		}
+	}
+	b->state = BLOCK_LIVE;
+	b->requested = size;
+	b->stream = stream;
+	h->st.allocs++;
+	h->st.live_blocks++;
+	stat_add(&h->st.allocated, &h->st.allocated_peak, &h->st.allocated_total, b->size);
+	stat_add(&h->st.requested, &h->st.requested_peak, &h->st.requested_total, size);
+	stat_delta(h, (int64_t)b->size, (int64_t)size);
+}
+
+/* --- stream keys ---------------------------------------------------------- */
+
+/* Gather the blocks ready under `key` (both pools) into a list, taking them
+ * out of the trees and marking them pending so they do not merge. */
+struct emm_block *emm_pool_collect_key(struct arena *h, emm_stream_t key)
+{
+	struct emm_block *list = NULL;
+
+	for (unsigned pool = 0; pool < NPOOLS; pool++) {
+		struct emm_tree_node *n;
+		while ((n = emm_tree_lower_bound(&h->trees[pool], key, 0, 0)) && n->key[0] == key) {
+			struct emm_block *b = node_block(n);
+			tree_take(h, b);
+			b->state = BLOCK_PENDING;
+			b->link = list;
+			list = b;
+		}
+	}
+	return list;
+}
+
+bool emm_pool_has_key(struct arena *h, emm_stream_t key)
+{
+	for (unsigned pool = 0; pool < NPOOLS; pool++) {
+		struct emm_tree_node *n = emm_tree_lower_bound(&h->trees[pool], key, 0, 0);
+		if (n && n->key[0] == key)
+			return true;
+	}
+	return false;
+}
+
+/* The smallest stream key > after present in either tree, or 0 if none. */
+emm_stream_t emm_pool_next_key(struct arena *h, emm_stream_t after)
+{
+	emm_stream_t best = 0;
+
+	if (after == UINT64_MAX)
+		return 0;
+	for (unsigned pool = 0; pool < NPOOLS; pool++) {
+		struct emm_tree_node *n = emm_tree_lower_bound(&h->trees[pool], after + 1, 0, 0);
+		if (n && (best == 0 || n->key[0] < best))
+			best = n->key[0];
+	}
+	return best;
+}
+
+/* --- segments ------------------------------------------------------------- */
+
+static void seg_link(struct arena *h, struct emm_segment *s)
+{
+	s->live = true;
+	s->prev = NULL;
+	s->next = h->segs;
+	if (h->segs)
+		h->segs->prev = s;
+	h->segs = s;
+}
+
+static void seg_unlink(struct arena *h, struct emm_segment *s)
+{
+	if (s->prev)
+		s->prev->next = s->next;
+	else
+		h->segs = s->next;
+	if (s->next)
+		s->next->prev = s->prev;
+	s->prev = s->next = NULL;
+	s->live = false;
+}
+
+static void seg_recycle(struct arena *h, struct emm_segment *s)
+{
+	s->first = NULL;
+	s->next = h->seg_free;
+	h->seg_free = s;
+}
+
+/*
+ * Get a segment of seg_size from the source (lock dropped around the call)
+ * and make its whole block ready-any. 0 and the block, or the source's
+ * error (-ENOMEM: out of memory).
+ */
+int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t stream,
+                  struct emm_block **ret)
+{
+	emm_addr_t addr = 0;
+	int r;
+
+	pthread_mutex_unlock(&h->lock);
+	r = h->src.alloc(h->src.state, seg_size, stream, &addr);
+	pthread_mutex_lock(&h->lock);
+	if (r)
+		return r < 0 ? r : -ENOMEM;
+
+	struct emm_segment *s = segment_new(h);
+	struct emm_block *b = s ? block_new(h) : NULL;
+	if (b)
+		r = emm_segmap_insert(addr, seg_size, s);
+	if (!b || r) {
+		if (r == -EEXIST)
+			emm_error("segment source returned 0x%llx (+%zu), overlapping a known segment",
+			          (unsigned long long)addr, seg_size);
+		if (b)
+			block_recycle(h, b);
+		if (s)
+			seg_recycle(h, s);
+		pthread_mutex_unlock(&h->lock);
+		h->src.free(h->src.state, addr, seg_size, EMM_STREAM_SYNC);
+		pthread_mutex_lock(&h->lock);
+		return -ENOMEM;
+	}
+	s->base = addr;
+	s->size = seg_size;
+	s->pool = (uint8_t)pool;
+	s->first = b;
+	seg_link(h, s);
+	b->seg = s;
+	b->pool = (uint8_t)pool;
+	b->addr = addr;
+	b->size = seg_size;
+	h->st.backend_allocs++;
+	h->st.segments++;
+	stat_add(&h->st.reserved, &h->st.reserved_peak, &h->st.reserved_total, seg_size);
+	heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, (int64_t)seg_size);
+	*ret = emm_pool_block_ready(h, b, 0);
+	return 0;
+}
+
+/* Take whole idle segments off the heap until at most `keep` idle bytes
+ * (reserved - allocated) remain. Returns them chained through next; the
+ * caller gives them back with emm_pool_release_finish once the lock is dropped. */
+struct emm_segment *emm_pool_release_collect(struct arena *h, size_t keep)
+{
+	struct emm_segment *list = NULL;
+
+	while (h->idle_head && h->st.reserved - h->st.allocated > keep) {
+		struct emm_segment *s = h->idle_head;
+		struct emm_block *b = s->first;
+
+		tree_take(h, b);
+		block_recycle(h, b);
+		seg_unlink(h, s);
+		emm_segmap_remove(s->base);
+		h->st.reserved -= s->size;
+		heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, -(int64_t)s->size);
+		h->st.segments--;
+		s->first = NULL;
+		s->next = list;
+		list = s;
+	}
+	return list;
+}
+
+/* Called without the lock. Returns the bytes given back. */
+long long emm_pool_release_finish(struct arena *h, struct emm_segment *list)
+{
+	long long bytes = 0;
+	uint64_t freed = 0;
+	struct emm_segment *s, *next;
+
+	if (!list)
+		return 0;
+	for (s = list; s; s = s->next) {
+		int r = h->src.free(h->src.state, s->base, s->size, EMM_STREAM_SYNC);
+		if (r) {
+			emm_warn("segment source failed to free 0x%llx (+%zu): %d",
+			         (unsigned long long)s->base, s->size, r);
+			continue;
+		}
+		bytes += (long long)s->size;
+		freed++;
+	}
+	pthread_mutex_lock(&h->lock);
+	h->st.backend_frees += freed;
+	for (s = list; s; s = next) {
+		next = s->next;
+		seg_recycle(h, s);
+	}
+	pthread_mutex_unlock(&h->lock);
+	return bytes;
+}

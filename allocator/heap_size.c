@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/heap_size.c - the heap's size policy: default parameters,
+ * request rounding (512 B or power-of-two divisions) and the segment size
+ * asked of the source for a rounded request. Pure functions of the params.
+ */
+#include "allocator/heap.h"
+
+#include <stdint.h>
+#include <string.h>
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+
+void emm_heap_params_default(struct emm_heap_params *p)
+{
+	/* Every field, including ones added later, starts zeroed. */
+	memset(p, 0, sizeof(*p));
+	p->small_max = 1 * MIB;
+	p->small_segment = 2 * MIB;
+	p->large_segment = 20 * MIB;
+	p->large_round = 2 * MIB;
+	p->max_split = SIZE_MAX;
+	p->max_nosplit_slack = 20 * MIB;
+	p->roundup_divisions = 0;
+	p->release_threshold = SIZE_MAX;
+	p->oom_retry = true;
+	p->free_mode = EMM_FREE_MODE_FENCE;
+	p->epoch_max_blocks = 32;
+	p->epoch_max_bytes = 64 * MIB;
+	p->host_accessible = false;
+	p->arenas = 0;
+}
+
+/* x rounded up to a multiple of align (a power of two), or 0 on overflow. */
+static inline size_t align_up_checked(size_t x, size_t align)
+{
+	if (x > SIZE_MAX - (align - 1))
+		return 0;
+	return (x + align - 1) & ~(align - 1);
+}
+
+/* x rounded up to a multiple of m (any m > 0), or 0 on overflow. */
+static inline size_t round_up_checked(size_t x, size_t m)
+{
+	size_t r = x % m;
+	if (r == 0)
+		return x;
+	if (x > SIZE_MAX - (m - r))
+		return 0;
+	return x + (m - r);
+}
+
+static inline size_t pow2_floor(size_t x)
+{
+	return (size_t)1 << (63 - __builtin_clzll((unsigned long long)x));
+}
+
+size_t emm_heap_round_size(const struct emm_heap_params *p, size_t size)
+{
+	size_t step = EMM_MIN_BLOCK;
+
+	if (size == 0)
+		return 0;
+	if (size <= EMM_MIN_BLOCK)
+		return EMM_MIN_BLOCK;
+	if (p->roundup_divisions) {
+		/* N steps per power-of-two interval (N rounded down to a power
+		 * of two), never finer than 512 B: PyTorch's
+		 * roundup_power2_divisions. */
+		size_t div_step = pow2_floor(size) / pow2_floor(p->roundup_divisions);
+		if (div_step > step)
+			step = div_step;
+	}
+	return align_up_checked(size, step);
+}
+
+size_t emm_heap_segment_size(const struct emm_heap_params *p, size_t rounded)
+{
+	if (rounded == 0)
+		return 0;
+	if (rounded <= p->small_max)
+		return rounded <= p->small_segment ? p->small_segment
+		                                   : round_up_checked(rounded, p->small_segment);
+	if (rounded < p->large_segment / 2)
+		return p->large_segment;
+	return round_up_checked(rounded, p->large_round);
+}

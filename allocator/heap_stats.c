@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/heap_stats.c - the heap's statistics: per-arena byte deltas
+ * flushed into the heap-wide counters and peaks, the emm_stats sum over
+ * arenas, and the idle-memory summary (idle bytes, largest free block).
+ */
+#include "allocator/heap_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+/* Push this arena's byte deltas into the heap-wide counters. */
+void emm_heap_stat_flush(struct arena *h)
+{
+	if (h->d_allocated)
+		heap_stat_add(&h->owner->allocated, &h->owner->allocated_peak, h->d_allocated);
+	if (h->d_requested)
+		heap_stat_add(&h->owner->requested, &h->owner->requested_peak, h->d_requested);
+	h->d_allocated = h->d_requested = 0;
+}
+
+void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
+{
+	if (!heap || !out)
+		return;
+	for (unsigned i = 0; i < heap->narenas; i++) {
+		struct arena *h = heap->arenas[i];
+		pthread_mutex_lock(&h->lock);
+		const struct heap_counters *c = &h->st;
+		out->allocs += c->allocs;
+		out->frees += c->frees;
+		out->hits += c->hits;
+		out->misses += c->misses;
+		out->backend_allocs += c->backend_allocs;
+		out->backend_frees += c->backend_frees;
+		out->oom_retries += c->oom_retries;
+		out->ooms += c->ooms;
+		out->splits += c->splits;
+		out->merges += c->merges;
+		out->events_recorded += c->events_recorded;
+		out->event_queries += c->event_queries;
+		out->stream_waits += c->stream_waits;
+		out->host_waits += c->host_waits;
+		out->epochs_closed += c->epochs_closed;
+		out->allocated_bytes += c->allocated;
+		out->allocated_bytes_total += c->allocated_total;
+		out->requested_bytes += c->requested;
+		out->requested_bytes_total += c->requested_total;
+		out->reserved_bytes += c->reserved;
+		out->reserved_bytes_total += c->reserved_total;
+		if (heap->narenas == 1) {
+			out->allocated_bytes_peak += c->allocated_peak;
+			out->requested_bytes_peak += c->requested_peak;
+		} else {
+			emm_heap_stat_flush(h);
+		}
+		out->pending_bytes += c->pending;
+		out->segments += c->segments;
+		out->live_blocks += c->live_blocks;
+		pthread_mutex_unlock(&h->lock);
+	}
+	out->reserved_bytes_peak +=
+	    (uint64_t)atomic_load_explicit(&heap->reserved_peak, memory_order_relaxed);
+	if (heap->narenas > 1) {
+		out->allocated_bytes_peak +=
+		    (uint64_t)atomic_load_explicit(&heap->allocated_peak, memory_order_relaxed);
+		out->requested_bytes_peak +=
+		    (uint64_t)atomic_load_explicit(&heap->requested_peak, memory_order_relaxed);
+	}
+}
+
+void emm_heap_idle_info(emm_heap_t *heap, size_t *ret_idle, size_t *ret_largest)
+{
+	size_t largest = 0, idle = 0;
+
+	for (unsigned i = 0; heap && i < heap->narenas; i++) {
+		struct arena *h = heap->arenas[i];
+		pthread_mutex_lock(&h->lock);
+		idle += h->st.reserved - h->st.allocated;
+		/* The largest block of each key group is the one before the next
+		 * group's first. */
+		for (unsigned pool = 0; pool < NPOOLS; pool++) {
+			const struct emm_tree *t = &h->trees[pool];
+			struct emm_tree_node *n = emm_tree_first(t);
+			while (n) {
+				emm_stream_t key = n->key[0];
+				struct emm_tree_node *nx =
+				    key == UINT64_MAX ? NULL : emm_tree_lower_bound(t, key + 1, 0, 0);
+				struct emm_tree_node *last = nx ? emm_tree_prev(nx) : emm_tree_last(t);
+				if (last->key[1] > largest)
+					largest = last->key[1];
+				n = nx;
+			}
+		}
+		pthread_mutex_unlock(&h->lock);
+	}
+	if (ret_idle)
+		*ret_idle = idle;
+	if (ret_largest)
+		*ret_largest = largest;
+}
