@@ -565,56 +565,6 @@ static void part_threads(unsigned iterations)
 
 /* ---- 4. race: free from another device while the owner's kernel runs -------------------------- */
 
-/* Runs closures on one thread (whose current device is set once), the
- * caller waiting. */
-class worker {
-public:
-	explicit worker(int dev) : dev_(dev), th_([this] { loop(); }) {}
-	~worker()
-	{
-		{
-			std::lock_guard<std::mutex> g(m_);
-			quit_ = true;
-		}
-		cv_.notify_all();
-		th_.join();
-	}
-	void run(const std::function<void()> &f)
-	{
-		std::unique_lock<std::mutex> g(m_);
-		job_ = &f;
-		done_ = false;
-		cv_.notify_all();
-		cv_.wait(g, [this] { return done_; });
-	}
-
-private:
-	void loop()
-	{
-		CK(cudaSetDevice(dev_));
-		std::unique_lock<std::mutex> g(m_);
-		for (;;) {
-			cv_.wait(g, [this] { return quit_ || job_ != nullptr; });
-			if (quit_)
-				return;
-			const std::function<void()> *f = job_;
-			job_ = nullptr;
-			g.unlock();
-			(*f)();
-			g.lock();
-			done_ = true;
-			cv_.notify_all();
-		}
-	}
-	int dev_;
-	std::mutex m_;
-	std::condition_variable cv_;
-	const std::function<void()> *job_ = nullptr;
-	bool done_ = false;
-	bool quit_ = false;
-	std::thread th_; /* last: starts after the members above exist */
-};
-
 /* Host-mapped control words, registered portable so every device's kernels
  * can use them: [0] flag (host -> GPU), [1] window (GPU -> host). */
 static void *g_ctl_host;
@@ -648,7 +598,7 @@ static void race_pair(const race_opts &o, int own, int freer, size_t size, race_
 	cudaStream_t X = g_dev[own].s[0], Y = g_dev[own].s[1];
 	const volatile uint32_t *flag = g_ctl_dev[own];
 	volatile uint32_t *win = g_ctl_dev[own] + 1;
-	worker w(freer);
+	race_worker w(freer);
 	uint32_t *p = NULL;
 	CK(cudaMalloc((void **)&p, size));
 	CK(cudaMemset(p, 0, size));

@@ -170,53 +170,6 @@ static pairing parse_pairing(const char *arg)
 
 /* ---- the Y side may run on another thread ------------------------------------------ */
 
-/* Runs closures on one worker thread, synchronously (the caller waits). */
-class worker {
-public:
-	worker() : th_([this] { loop(); }) {}
-	~worker()
-	{
-		{
-			std::lock_guard<std::mutex> g(m_);
-			quit_ = true;
-		}
-		cv_.notify_all();
-		th_.join();
-	}
-	void run(const std::function<void()> &f)
-	{
-		std::unique_lock<std::mutex> g(m_);
-		job_ = &f;
-		done_ = false;
-		cv_.notify_all();
-		cv_.wait(g, [this] { return done_; });
-	}
-
-private:
-	void loop()
-	{
-		std::unique_lock<std::mutex> g(m_);
-		for (;;) {
-			cv_.wait(g, [this] { return quit_ || job_ != nullptr; });
-			if (quit_)
-				return;
-			const std::function<void()> *f = job_;
-			job_ = nullptr;
-			g.unlock();
-			(*f)();
-			g.lock();
-			done_ = true;
-			cv_.notify_all();
-		}
-	}
-	std::mutex m_;
-	std::condition_variable cv_;
-	const std::function<void()> *job_ = nullptr;
-	bool done_ = false;
-	bool quit_ = false;
-	std::thread th_; /* last: starts after the members above exist */
-};
-
 /* ---- the run ----------------------------------------------------------------------- */
 
 struct options {
@@ -289,7 +242,25 @@ static unsigned long long check_block(const uint32_t *q, size_t n, uint32_t want
 
 static uint32_t g_want; /* flag value of the current iteration, monotonic */
 
-static void run_device(const options &o, size_t size, cudaStream_t X, cudaStream_t Y, worker *yw, result *r)
+/* One iteration's bookkeeping: issue time, whether the freed block came back,
+ * and whether the `kernel` kernel saw the race window open (it reports 1 or
+ * 0 in the window word; anything else means it never ran to the end). */
+static void record_iteration(result *r, unsigned it, uint64_t t0, uint64_t t1, bool reused, const char *kernel)
+{
+	r->iterations++;
+	r->issue_us.push_back((double)(t1 - t0) / 1000.0);
+	if (reused)
+		r->reused++;
+	else
+		r->new_block++;
+	uint32_t win = *ctl_win_host();
+	if (win == 1)
+		r->window_open++;
+	else if (win != 0)
+		race_fail("iteration %u: the %s kernel did not report (window word 0x%x)", it, kernel, win);
+}
+
+static void run_device(const options &o, size_t size, cudaStream_t X, cudaStream_t Y, race_worker *yw, result *r)
 {
 	size_t n = size / sizeof(uint32_t);
 	uint32_t *p = NULL;
@@ -343,17 +314,7 @@ static void run_device(const options &o, size_t size, cudaStream_t X, cudaStream
 		uint64_t t1 = race_now_ns();
 		CK(cudaDeviceSynchronize());
 
-		r->iterations++;
-		r->issue_us.push_back((double)(t1 - t0) / 1000.0);
-		if (q == p)
-			r->reused++;
-		else
-			r->new_block++;
-		uint32_t win = *ctl_win_host();
-		if (win == 1)
-			r->window_open++;
-		else if (win != 0)
-			race_fail("iteration %u: the long kernel did not report (window word 0x%x)", it, win);
+		record_iteration(r, it, t0, t1, q == p, "long");
 
 		unsigned long long fi = 0, fv = 0;
 		unsigned long long bad = check_block(q, n, B, &fi, &fv);
@@ -413,17 +374,7 @@ static void run_pinned(const options &o, size_t size, cudaStream_t X, result *r)
 		uint64_t t1 = race_now_ns();
 		CK(cudaDeviceSynchronize());
 
-		r->iterations++;
-		r->issue_us.push_back((double)(t1 - t0) / 1000.0);
-		if (h2 == h)
-			r->reused++;
-		else
-			r->new_block++;
-		uint32_t win = *ctl_win_host();
-		if (win == 1)
-			r->window_open++;
-		else if (win != 0)
-			race_fail("iteration %u: the gate kernel did not report (window word 0x%x)", it, win);
+		record_iteration(r, it, t0, t1, h2 == h, "gate");
 
 		unsigned long long fi = 0, fv = 0;
 		unsigned long long bad = check_block(d, n, A, &fi, &fv);
@@ -512,9 +463,9 @@ int main(int argc, char **argv)
 	std::vector<cudaStream_t> owned;
 	cudaStream_t X = make_stream(o.pr.x, 0, &owned);
 	cudaStream_t Y = o.pr.pinned ? X : make_stream(o.pr.y, X, &owned);
-	worker *yw = NULL;
+	race_worker *yw = NULL;
 	if (!o.pr.pinned && o.pr.x == SK_PTDS && o.pr.y == SK_PTDS)
-		yw = new worker(); /* two per-thread default streams need two threads */
+		yw = new race_worker(); /* two per-thread default streams need two threads */
 
 	/* Warm up: load the kernels (lazy module loading) and the async pool. */
 	{

@@ -24,6 +24,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include "emm/emm.h"
@@ -348,5 +352,58 @@ static __global__ void race_long_writer(uint32_t *p, size_t n, uint32_t a, const
 	if (blockIdx.x == 0 && threadIdx.x == 0)
 		*win = seen;
 }
+
+/* Runs closures on one thread, synchronously (the caller waits); with a
+ * device >= 0 the thread makes it current first. Shared by race.cu (the Y
+ * side on its own per-thread default stream) and multidevice.cu (frees from
+ * another device's thread). */
+class race_worker {
+public:
+	explicit race_worker(int dev = -1) : dev_(dev), th_([this] { loop(); }) {}
+	~race_worker()
+	{
+		{
+			std::lock_guard<std::mutex> g(m_);
+			quit_ = true;
+		}
+		cv_.notify_all();
+		th_.join();
+	}
+	void run(const std::function<void()> &f)
+	{
+		std::unique_lock<std::mutex> g(m_);
+		job_ = &f;
+		done_ = false;
+		cv_.notify_all();
+		cv_.wait(g, [this] { return done_; });
+	}
+
+private:
+	void loop()
+	{
+		if (dev_ >= 0)
+			CK(cudaSetDevice(dev_));
+		std::unique_lock<std::mutex> g(m_);
+		for (;;) {
+			cv_.wait(g, [this] { return quit_ || job_ != nullptr; });
+			if (quit_)
+				return;
+			const std::function<void()> *f = job_;
+			job_ = nullptr;
+			g.unlock();
+			(*f)();
+			g.lock();
+			done_ = true;
+			cv_.notify_all();
+		}
+	}
+	int dev_;
+	std::mutex m_;
+	std::condition_variable cv_;
+	const std::function<void()> *job_ = nullptr;
+	bool done_ = false;
+	bool quit_ = false;
+	std::thread th_; /* last: starts after the members above exist */
+};
 
 #endif
