@@ -220,28 +220,9 @@ static void bad_free(const char *what, uint64_t ptr)
 static bool pool_free_guarded(const char *what, uint64_t ptr, emm_stream_t key, CUstream stream, bool pinned,
                               CUresult *ret)
 {
-	struct emm_block_range range;
 	size_t requested = 0;
-	int r;
+	int r = emm_state_free_block(ptr, key, pinned, &requested);
 
-	/* A context reset we did not see: its heap goes now, and the stale
-	 * block with it (the driver answers for it below). */
-	emm_state_validate_current();
-	if ((pinned || emm_state_have_pinned()) && emm_heap_find_block(ptr, &range) == 0 &&
-	    emm_state_heap_is_pinned(range.heap) != pinned)
-		return false;
-	r = emm_capture_quarantine_free(ptr, pinned, &requested);
-	if (r > 0) {
-		trace(EMM_TRACE_FREE, ptr, requested, stream);
-		*ret = CUDA_SUCCESS;
-		return true;
-	}
-	if (r < 0) {
-		bad_free(what, ptr);
-		*ret = CUDA_ERROR_INVALID_VALUE;
-		return true;
-	}
-	r = emm_heap_free(ptr, key, &requested);
 	if (r == 0) {
 		trace(EMM_TRACE_FREE, ptr, requested, stream);
 		*ret = CUDA_SUCCESS;

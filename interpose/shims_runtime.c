@@ -138,27 +138,15 @@ static bool fast_host_alloc(void **ret_ptr, size_t size, unsigned int flags)
  * (device or pinned host). False leaves it to the real runtime: not ours,
  * interior, already freed (a racing double free loses here too), or the
  * wrong kind of memory for this call - the driver shim then answers the
- * driver's error, which cudart records. As in the driver shims: a context
- * reset behind our back (cudaDeviceReset) is noticed first, so the stale
- * block goes to the runtime and the driver; a block a captured graph may
- * still touch is quarantined (capture.c); all under the heap guard.
+ * driver's error, which cudart records. The free itself is the driver
+ * shims' (emm_state_free_block), under the heap guard.
  */
 static bool fast_free_guarded(void *ptr, bool pinned, emm_stream_t key, const void *stream)
 {
-	struct emm_block_range range;
 	emm_addr_t addr = (emm_addr_t)(uintptr_t)ptr;
 	size_t requested = 0;
-	int q;
 
-	emm_state_validate_current();
-	if (emm_heap_find_block(addr, &range) != 0 || range.base != addr)
-		return false;
-	if ((emm_heap_device(range.heap) == -2) != pinned)
-		return false;
-	q = emm_capture_quarantine_free(addr, pinned, &requested);
-	if (q < 0)
-		return false; /* freed twice: the driver shim answers */
-	if (q == 0 && emm_heap_free(addr, key, &requested) != 0)
+	if (emm_state_free_block(addr, key, pinned, &requested) != 0)
 		return false;
 	trace(EMM_TRACE_FREE, addr, requested, stream);
 	return true;

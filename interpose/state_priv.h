@@ -179,6 +179,16 @@ void emm_capture_fork_child(void);
 /* Blocks quarantined so far, released so far, held now. */
 void emm_capture_stats(uint64_t *ret_quarantined, uint64_t *ret_released, size_t *ret_held);
 
+/*
+ * Free `addr` for the program, under the heap guard (block_free.c): 0 and
+ * the block's requested size when libemm took it (freed, or quarantined for
+ * a captured graph); -ENOENT when it is not ours or is of the other space
+ * (device vs pinned: the driver refuses it without touching it); -EINVAL
+ * when it lies in our memory but is no live block start (double free,
+ * interior pointer).
+ */
+int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested);
+
 /* --- context teardown -------------------------------------------------- */
 
 /* Forget the heaps of a context the driver destroyed (no driver calls). */

@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose/block_free.c - how a program's free of one of libemm's blocks is
+ * carried out, the same for the driver shims (cuMemFree*, cuMemFreeHost) and
+ * the runtime fast path (cudaFree*, cudaFreeHost): a context reset that
+ * bypassed our shims is noticed first (the stale block then belongs to the
+ * driver), the block must be of the space the call frees (device or pinned
+ * host), a block a captured graph may still touch is quarantined
+ * (capture.c), and only then does it go back to its heap.
+ */
+#include <errno.h>
+
+#include "interpose/state_priv.h"
+
+int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested)
+{
+	struct emm_block_range range;
+	int r;
+
+	emm_state_validate_current();
+	/* With no pinned heap every block is device memory: skip the lookup. */
+	if ((pinned || emm_state_have_pinned()) && emm_heap_find_block(addr, &range) == 0 &&
+	    emm_state_heap_is_pinned(range.heap) != pinned)
+		return -ENOENT;
+	r = emm_capture_quarantine_free(addr, pinned, ret_requested);
+	if (r > 0)
+		return 0;
+	if (r < 0)
+		return -EINVAL;
+	return emm_heap_free(addr, key, ret_requested);
+}
