@@ -51,6 +51,9 @@ typedef struct emm_heap emm_heap_t;
 #define EMM_STREAM_LEGACY ((emm_stream_t)1)
 #define EMM_STREAM_PER_THREAD_KEY(thread_index) ((((emm_stream_t)(thread_index)) << 8) | 2u)
 #define EMM_STREAM_IS_PER_THREAD(s) (((s) & 0xffu) == 2u)
+/* A created stream: the key is its CUstream handle. */
+#define EMM_STREAM_IS_HANDLE(s) \
+	((s) != EMM_STREAM_SYNC && (s) != EMM_STREAM_LEGACY && !EMM_STREAM_IS_PER_THREAD(s))
 
 #define EMM_MIN_BLOCK 512u
 

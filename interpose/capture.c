@@ -132,11 +132,6 @@ static atomic_uint_fast64_t quarantined_total, released_total;
 
 /* --- small helpers ----------------------------------------------------- */
 
-static bool key_is_real_stream(emm_stream_t key)
-{
-	return key != EMM_STREAM_SYNC && key != EMM_STREAM_LEGACY && !EMM_STREAM_IS_PER_THREAD(key);
-}
-
 static unsigned addr_hash(emm_addr_t addr)
 {
 	return (unsigned)(((addr >> 9) * UINT64_C(0x9E3779B97F4A7C15)) >> 40);
@@ -389,7 +384,7 @@ static CUcontext capture_context(emm_stream_t key)
 	const struct emm_real_driver_table *real = emm_state_real();
 	CUcontext ctx = NULL;
 
-	if (key_is_real_stream(key)) {
+	if (EMM_STREAM_IS_HANDLE(key)) {
 		ctx = emm_state_stream_context(key);
 		if (ctx)
 			return ctx;
@@ -483,7 +478,7 @@ void emm_capture_stream_destroyed(CUstream stream)
 	struct release rel = {0};
 	struct capture *c = NULL;
 
-	if (!key_is_real_stream(key) || atomic_load_explicit(&capture_count, memory_order_acquire) == 0)
+	if (!EMM_STREAM_IS_HANDLE(key) || atomic_load_explicit(&capture_count, memory_order_acquire) == 0)
 		return;
 	pthread_mutex_lock(&capture_lock);
 	for (struct capture **link = &captures; *link; link = &(*link)->next) {
@@ -513,7 +508,7 @@ bool emm_state_capture_forbids(emm_stream_t key)
 	 * "any query at all") may implicitly join a capture of a blocking
 	 * stream, and a global-mode capture forbids queries process-wide:
 	 * be conservative while any capture is active. */
-	if (!key_is_real_stream(key))
+	if (!EMM_STREAM_IS_HANDLE(key))
 		return true;
 	self = pthread_self();
 	pthread_mutex_lock(&capture_lock);

@@ -200,11 +200,6 @@ static void fence_put(struct cuda_fence *f)
 
 /* --- the fence ops ----------------------------------------------------- */
 
-static bool key_is_real_stream(emm_stream_t key)
-{
-	return key != EMM_STREAM_SYNC && key != EMM_STREAM_LEGACY && !EMM_STREAM_IS_PER_THREAD(key);
-}
-
 /* Wait for the whole context on the host (a fallback that is always
  * correct: after it every marker would be complete). */
 static int ctx_sync(struct emm_fence_pool *pool)
@@ -236,7 +231,7 @@ static int fence_record(void *ctx, emm_stream_t key, uint64_t *ret_event)
 	CUresult r;
 	bool pushed;
 
-	if (key_is_real_stream(key)) {
+	if (EMM_STREAM_IS_HANDLE(key)) {
 		CUcontext owner = emm_state_stream_context(key);
 		if (owner && owner != pool->ctx) {
 			struct emm_fence_pool *other = emm_fence_pool_get(owner);

@@ -55,11 +55,6 @@ CUstream emm_state_stream_handle(emm_stream_t key)
 	return (CUstream)(uintptr_t)key;
 }
 
-static bool key_is_real_stream(emm_stream_t key)
-{
-	return key != EMM_STREAM_SYNC && key != EMM_STREAM_LEGACY && !EMM_STREAM_IS_PER_THREAD(key);
-}
-
 /* --- stream registry --------------------------------------------------- */
 
 struct stream_node {
@@ -145,7 +140,7 @@ CUcontext emm_state_stream_context(emm_stream_t key)
 	struct stream_node *n;
 	CUcontext ctx = NULL;
 
-	if (!key_is_real_stream(key))
+	if (!EMM_STREAM_IS_HANDLE(key))
 		return NULL;
 	pthread_rwlock_rdlock(&stream_lock);
 	for (n = stream_buckets[stream_bucket(key)]; n; n = n->next) {
@@ -193,7 +188,7 @@ void emm_state_stream_created(CUstream stream, bool nonblocking)
 	CUcontext ctx;
 	size_t n;
 
-	if (!st_is_enabled() || !key_is_real_stream(key))
+	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
 	ctx = current_context();
 	if (!ctx)
@@ -222,7 +217,7 @@ void emm_state_stream_destroyed(CUstream stream)
 	CUcontext ctx;
 	size_t n;
 
-	if (!st_is_enabled() || !key_is_real_stream(key))
+	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
 	ctx = stream_remove(key);
 	if (!ctx)
