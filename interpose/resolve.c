@@ -43,9 +43,8 @@
 #include <string.h>
 
 #include "common/compiler.h"
-#include "interpose/real.h"
+#include "process/process.h"
 #include "interpose/shims.h"
-#include "interpose/state.h"
 
 /* cuda.h maps cuGetProcAddress to the _v2 ABI; the bare name is the
  * 4-argument export, declared here under its real name. */

@@ -34,13 +34,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "allocator/heap.h"
-#include "allocator/trace.h"
 #include "common/compiler.h"
-#include "config/options.h"
-#include "interpose/real.h"
-#include "interpose/state.h"
-#include "interpose/state_priv.h"
+#include "process/process.h"
 
 /* The per-thread-default-stream variants, declared by cuda_runtime_api.h
  * only under --default-stream per-thread. */
@@ -72,7 +67,7 @@ typedef cudaError_t (*mem_get_info_fn)(size_t *, size_t *);
 
 static bool fast_path_on(void)
 {
-	return emm_state_enabled() && emm_options_get()->runtime_shims;
+	return emm_state_enabled() && emm_state_options()->runtime_shims;
 }
 
 /* A context is current on this thread (cudart has initialised it, or the
@@ -85,52 +80,30 @@ static bool context_current(void)
 	return real && real->cuCtxGetCurrent && real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
 }
 
-static void trace(enum emm_trace_action action, emm_addr_t addr, size_t size, const void *stream)
-{
-	if (emm_trace_enabled())
-		emm_trace_event(action, addr, size, (uint64_t)(uintptr_t)stream);
-}
-
-static bool serve_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const void *stream, void **ret_ptr)
+/* Device memory from the current context's heap (not served without a
+ * current context: cudart's first call, which makes one). Any failure,
+ * out of memory included, is left to the real runtime, whose driver call
+ * reaches the driver shim: it reports and traces it once. */
+static bool fast_device_alloc(void **ret_ptr, size_t size, emm_stream_t key, const void *stream)
 {
 	emm_addr_t addr;
 
-	if (emm_heap_alloc(heap, size, key, &addr) != 0)
+	if (emm_serve_device_alloc(size, key, stream, false, &addr) != 0)
 		return false;
-	/* A graph being captured may use it (capture.c). */
-	emm_capture_note_alloc(addr, heap);
-	trace(EMM_TRACE_ALLOCATE, addr, size, stream);
 	*ret_ptr = (void *)(uintptr_t)addr;
 	return true;
-}
-
-/* Device memory from the current context's heap (-ENODEV without a
- * current context: cudart's first call, which makes one). */
-static bool fast_device_alloc(void **ret_ptr, size_t size, emm_stream_t key, const void *stream)
-{
-	emm_heap_t *heap;
-	bool served;
-
-	/* The heap guard: the context's heap is not torn down meanwhile. */
-	emm_state_enter();
-	served = emm_state_current_heap(&heap) == 0 && serve_alloc(heap, size, key, stream, ret_ptr);
-	emm_state_leave();
-	return served;
 }
 
 /* Pinned host memory of flag set `flags`, once cudart is initialised. */
 static bool fast_host_alloc(void **ret_ptr, size_t size, unsigned int flags)
 {
-	emm_heap_t *heap;
-	bool served;
+	emm_addr_t addr;
 
-	if (flags & ~(unsigned int)HOST_ALLOC_FLAGS)
+	if ((flags & ~(unsigned int)HOST_ALLOC_FLAGS) || !context_current() ||
+	    emm_serve_host_alloc(size, flags, false, &addr) != 0)
 		return false;
-	emm_state_enter();
-	served = context_current() && emm_state_pinned_heap(flags, &heap) == 0 &&
-	         serve_alloc(heap, size, EMM_STREAM_SYNC, NULL, ret_ptr);
-	emm_state_leave();
-	return served;
+	*ret_ptr = (void *)(uintptr_t)addr;
+	return true;
 }
 
 /*
@@ -138,28 +111,11 @@ static bool fast_host_alloc(void **ret_ptr, size_t size, unsigned int flags)
  * (device or pinned host). False leaves it to the real runtime: not ours,
  * interior, already freed (a racing double free loses here too), or the
  * wrong kind of memory for this call - the driver shim then answers the
- * driver's error, which cudart records. The free itself is the driver
- * shims' (emm_state_free_block), under the heap guard.
+ * driver's error (and counts a bad free), which cudart records.
  */
-static bool fast_free_guarded(void *ptr, bool pinned, emm_stream_t key, const void *stream)
-{
-	emm_addr_t addr = (emm_addr_t)(uintptr_t)ptr;
-	size_t requested = 0;
-
-	if (emm_state_free_block(addr, key, pinned, &requested) != 0)
-		return false;
-	trace(EMM_TRACE_FREE, addr, requested, stream);
-	return true;
-}
-
 static bool fast_free(void *ptr, bool pinned, emm_stream_t key, const void *stream)
 {
-	bool freed;
-
-	emm_state_enter();
-	freed = fast_free_guarded(ptr, pinned, key, stream);
-	emm_state_leave();
-	return freed;
+	return emm_serve_free(NULL, (emm_addr_t)(uintptr_t)ptr, key, stream, pinned) == 0;
 }
 
 /* --- device memory ------------------------------------------------------------- */

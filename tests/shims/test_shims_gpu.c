@@ -209,10 +209,17 @@ TEST_BEGIN(test_ipc_refused_for_sub_allocations)
 	(void)rel(-1, 0);
 	assert_int_eq(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&b, 4096), CUDA_SUCCESS);
-	expect_int_eq(cuIpcGetMemHandle(&h, a < b ? a : b), CUDA_SUCCESS);
+	/* Neither may be exported: the importer would map the whole segment,
+	 * the other block with it - also the one at the segment's start. */
+	expect_int_eq(cuIpcGetMemHandle(&h, a < b ? a : b), CUDA_ERROR_NOT_SUPPORTED);
 	expect_int_eq(cuIpcGetMemHandle(&h, a < b ? b : a), CUDA_ERROR_NOT_SUPPORTED);
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
 	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	/* A block that is its whole segment (12 MiB: a segment of its own,
+	 * rounded to 2 MiB, nothing left over) opens at its own bytes. */
+	assert_int_eq(cuMemAlloc(&a, (size_t)12 << 20), CUDA_SUCCESS);
+	expect_int_eq(cuIpcGetMemHandle(&h, a), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
 }
 TEST_END
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/block_free.c - how a program's free of one of libemm's blocks is
+ * process/block_free.c - how a program's free of one of libemm's blocks is
  * carried out, the same for the driver shims (cuMemFree*, cuMemFreeHost) and
  * the runtime fast path (cudaFree*, cudaFreeHost): a context reset that
  * bypassed our shims is noticed first (the stale block then belongs to the
@@ -10,7 +10,7 @@
  */
 #include <errno.h>
 
-#include "interpose/state_priv.h"
+#include "process/process.h"
 
 int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested)
 {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/state_internal.h - what the files of libemm's process state
+ * process/process_internal.h - what the files of libemm's process state
  * share with one another and with nobody else:
  *   state.c    - initialisation, the loaded backend, exit and fork;
  *   guard.c    - the heap guard (the teardown side is declared here);
@@ -17,8 +17,8 @@
  * thread cache) are static inline here, so a cached allocation still costs
  * what it did.
  */
-#ifndef EMM_INTERPOSE_STATE_INTERNAL_H
-#define EMM_INTERPOSE_STATE_INTERNAL_H
+#ifndef EMM_PROCESS_INTERNAL_H
+#define EMM_PROCESS_INTERNAL_H
 
 #include <cuda.h>
 #include <pthread.h>
@@ -31,9 +31,7 @@
 #include "allocator/heap.h"
 #include "common/compiler.h"
 #include "config/options.h"
-#include "interpose/real.h"
-#include "interpose/state.h"
-#include "interpose/state_priv.h"
+#include "process/process.h"
 
 /* Hidden on the declarations too, so that the other state files reach
  * these symbols directly rather than through the GOT. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/capture.c - stream capture as libemm sees it: the registry of
+ * process/capture.c - stream capture as libemm sees it: the registry of
  * active captures (stream, mode, thread, context) that the fence ops and the
  * stream-ordered shims consult, and the graph quarantine, which keeps the
  * blocks a captured graph may touch away from new owners while that graph
@@ -59,8 +59,7 @@
 
 #include "common/compiler.h"
 #include "common/log.h"
-#include "interpose/state.h"
-#include "interpose/state_priv.h"
+#include "process/process.h"
 
 #define QHASH_BUCKETS   4096u
 #define QFILTER_BUCKETS 4096u

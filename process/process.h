@@ -1,20 +1,34 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/state_priv.h - the parts of libemm's process state that only the
- * driver shims (shims_driver.c), the fence ops (fence_cuda.c) and the public
- * query API (public_api.c) use, beyond the contract in state.h: stream and
- * capture registries, context teardown, counters by kind, and walking the
- * heaps for statistics.
+ * process/process.h - the process layer as the shims see it: the one header
+ * interpose/ includes. What a CUDA process has beyond one allocator heap:
+ *   - the real entry points behind the shims (real.c);
+ *   - lazy initialisation (options, backend, trace), exit and fork (state.c);
+ *   - one heap per CUDA context, its teardown, the heap guard (contexts.c,
+ *     guard.c), pinned-host heaps per flag set (pinned.c);
+ *   - serving and freeing blocks for a shim (serve.c, block_free.c);
+ *   - stream keys and the live-stream registry (streams.c), capture tracking
+ *     and the graph quarantine (capture.c), the fence ops over real CUDA
+ *     events (fence_cuda.c);
+ *   - counters and statistics (stats.c, stats_print.c).
+ * Files inside process/ share process_internal.h as well; nothing outside
+ * includes that.
  *
- * Locks (never held while calling a heap function, except emm_heap_create):
- *   ctx_lock     - the context registry and heap creation; taken first.
+ * Functions return 0 or a negative errno and leave outputs untouched on
+ * failure; mapping to CUresult is the shims' job.
+ *
+ * Locks, in the order they may be taken (a debug build checks that none is
+ * held across a driver call or a heap call, except where noted):
+ *   ctx_lock     - the context registry; never held across a heap call or a
+ *                  driver call (heaps are created and destroyed outside it).
+ *   heap_life    - rwlock: walks over the heaps (shared) and a heap's
+ *                  destruction (exclusive).
  *   stream_lock  - the stream registry (rwlock); a leaf.
- *   capture_lock - captures, graph objects, the graph quarantine
- *                  (capture.c); a leaf.
+ *   capture_lock - captures, graph objects, the graph quarantine; a leaf.
  *   pool->lock   - a context's free CUDA events; a leaf.
  */
-#ifndef EMM_INTERPOSE_STATE_PRIV_H
-#define EMM_INTERPOSE_STATE_PRIV_H
+#ifndef EMM_PROCESS_PROCESS_H
+#define EMM_PROCESS_PROCESS_H
 
 #include <cuda.h>
 #include <stdbool.h>
@@ -24,7 +38,128 @@
 #include "allocator/heap.h"
 #include "config/options.h"
 #include "emm/emm.h"
-#include "interpose/real.h"
+
+/* === the real entry points (real.c) ====================================== */
+
+/* The real dlsym (glibc's), found with dlvsym. Never NULL after init. */
+void *emm_real_dlsym(void *handle, const char *name);
+
+/* For the dlsym trampoline (resolve.c): the real dlsym as a pointer,
+ * resolved on first call (aborts with a message if glibc has none), and the
+ * variable holding it once resolved (NULL before; read with acquire). */
+typedef void *(*emm_dlsym_fn)(void *, const char *);
+emm_dlsym_fn emm_real_dlsym_get(void);
+extern void *emm_real_dlsym_ptr __attribute__((visibility("hidden")));
+
+/* The driver's function with this exact exported name ("cuMemAlloc_v2"),
+ * or NULL if there is no driver or no such export. Cached per name. */
+void *emm_real_driver(const char *exported_name);
+
+/* True if `fn` is the export `exported_name` of the libcuda.so.1 of the
+ * base namespace (not a dlmopen copy, not another library). Never loads the
+ * driver. */
+bool emm_real_is_driver_export(const void *fn, const char *exported_name);
+
+/* The handle of libcuda.so.1 (loading it if needed); NULL if absent. */
+void *emm_real_libcuda_handle(void);
+
+/* True if `addr` lies inside the driver library (libcuda.so*) or another
+ * NVIDIA driver library (libnvidia-*): lookups made from there are never
+ * substituted. */
+bool emm_real_is_driver_address(const void *addr);
+/* The same test on a path (dladdr's dli_fname). */
+bool emm_real_is_driver_path(const char *path);
+
+/* True if `addr` lies inside libemm or a libemm backend (libemm*.so):
+ * lookups made from there are never substituted either. */
+bool emm_real_is_libemm_address(const void *addr);
+
+/* The next definition of a runtime function (shared libcudart's
+ * "cudaMalloc"), looked up after libemm; NULL if the program has none. */
+void *emm_real_runtime(const char *name);
+
+/* Typed table of the driver functions the shims and fence ops call on hot
+ * paths; members are NULL if the driver lacks them. Resolved once. */
+struct emm_real_driver_table {
+	CUresult (*cuInit)(unsigned int);
+	CUresult (*cuGetProcAddress_v2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+	/* the 4-argument export "cuGetProcAddress" (cuda.h #defines that name
+	 * to cuGetProcAddress_v2, so the member cannot carry it) */
+	CUresult (*cuGetProcAddress_v1)(const char *, void **, int, cuuint64_t);
+	CUresult (*cuCtxGetCurrent)(CUcontext *);
+	CUresult (*cuCtxGetDevice)(CUdevice *);
+	CUresult (*cuCtxSynchronize)(void);
+	CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
+	CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);
+	CUresult (*cuMemFree_v2)(CUdeviceptr);
+	CUresult (*cuMemAllocPitch_v2)(CUdeviceptr *, size_t *, size_t, size_t, unsigned int);
+	CUresult (*cuMemAllocAsync)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*cuMemAllocAsync_ptsz)(CUdeviceptr *, size_t, CUstream);
+	CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream);
+	CUresult (*cuMemFreeAsync_ptsz)(CUdeviceptr, CUstream);
+	CUresult (*cuMemAllocHost_v2)(void **, size_t);
+	CUresult (*cuMemHostAlloc)(void **, size_t, unsigned int);
+	CUresult (*cuMemFreeHost)(void *);
+	CUresult (*cuMemHostRegister_v2)(void *, size_t, unsigned int);
+	CUresult (*cuMemHostUnregister)(void *);
+	CUresult (*cuMemAllocManaged)(CUdeviceptr *, size_t, unsigned int);
+	CUresult (*cuMemGetInfo_v2)(size_t *, size_t *);
+	CUresult (*cuMemGetAddressRange_v2)(CUdeviceptr *, size_t *, CUdeviceptr);
+	CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
+	CUresult (*cuPointerGetAttributes)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
+	CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*cuStreamCreate)(CUstream *, unsigned int);
+	CUresult (*cuStreamCreateWithPriority)(CUstream *, unsigned int, int);
+	CUresult (*cuStreamDestroy_v2)(CUstream);
+	CUresult (*cuStreamGetFlags)(CUstream, unsigned int *);
+	CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
+	CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+	CUresult (*cuStreamBeginCapture_v2)(CUstream, CUstreamCaptureMode);
+	CUresult (*cuStreamEndCapture)(CUstream, CUgraph *);
+	CUresult (*cuEventCreate)(CUevent *, unsigned int);
+	CUresult (*cuEventRecord)(CUevent, CUstream);
+	CUresult (*cuEventQuery)(CUevent);
+	CUresult (*cuEventSynchronize)(CUevent);
+	CUresult (*cuEventDestroy_v2)(CUevent);
+	CUresult (*cuCtxDestroy_v2)(CUcontext);
+	CUresult (*cuDevicePrimaryCtxRelease_v2)(CUdevice);
+	CUresult (*cuDevicePrimaryCtxReset_v2)(CUdevice);
+};
+
+/* The table; NULL if libcuda.so.1 cannot be found. */
+const struct emm_real_driver_table *emm_real_driver_table(void);
+
+/* === process state (state.c, contexts.c) ================================= */
+
+/* False under EMM_DISABLE=1 or when initialisation failed (then every shim
+ * is a pure pass-through). Initialises on first call. */
+bool emm_state_enabled(void);
+
+/*
+ * The heap of the context current on this thread, created on first use.
+ * 0 and the heap; -ENODEV if no context is current or the driver is not
+ * initialised (the shim then calls the real function so the program gets
+ * the driver's own error); -ENOSYS if libemm is disabled.
+ */
+int emm_state_current_heap(emm_heap_t **ret_heap);
+
+/* The pinned-host heap for cuMemHostAlloc flags (created on first use);
+ * -ENOSYS when pinned caching is off or disabled. */
+int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap);
+
+/* The allocator's key for a stream handle as the caller passed it:
+ * 0 means the legacy default stream unless `per_thread_default` (a _ptsz
+ * entry point or CU_STREAM_PER_THREAD), then this thread's default stream. */
+emm_stream_t emm_state_stream_key(CUstream stream, bool per_thread_default);
+
+/* True after exit has begun or the driver is known gone: frees of our
+ * blocks succeed without any driver call. */
+bool emm_state_exiting(void);
+
+/* Counters kept outside any heap (pass-through and refused calls). */
+void emm_state_count_passthrough_alloc(void);
+void emm_state_count_passthrough_free(void);
+void emm_state_count_bad_free(void);
 
 /* --- real entry points ------------------------------------------------- */
 
@@ -115,7 +250,7 @@ void emm_state_for_each_heap(void (*fn)(emm_heap_t *heap, int device, void *arg)
  * heaps of contexts already torn down, and the pass-through counters. */
 void emm_state_collect_stats(int device, struct emm_stats *out);
 
-/* Print the EMM_STATS table (public_api.c); no driver calls. */
+/* Print the EMM_STATS table (stats_print.c); no driver calls. */
 void emm_stats_print_exit(void);
 
 /* Log an out-of-memory report (EMM_VERBOSE >= 1). */
@@ -257,5 +392,40 @@ void emm_fence_fork_child(void);
 
 /* The CUstream a stream key names, for the thread calling. */
 CUstream emm_state_stream_handle(emm_stream_t key);
+
+/* === serving one call for a shim (serve.c) ================================ */
+
+/*
+ * Device memory of `size` bytes from the current context's heap, for use on
+ * stream key `key` (`stream`: the caller's handle, for the trace). 0 and
+ * *ret_addr. -ENOMEM: the pool is exhausted after its retry (reported and
+ * traced when `report`). Any other error: not served, the driver answers
+ * (-EINVAL size 0, -ENODEV no context yet, -ENOSYS libemm off for it).
+ */
+int emm_serve_device_alloc(size_t size, emm_stream_t key, const void *stream, bool report, emm_addr_t *ret_addr);
+/* Pinned host memory of cuMemHostAlloc flag set `flags`; as above. */
+int emm_serve_host_alloc(size_t size, unsigned int flags, bool report, emm_addr_t *ret_addr);
+/*
+ * The program frees `addr` with a call of the device (or, `pinned`, host)
+ * space. 0: freed or quarantined, traced. -ENOENT: not ours, or of the
+ * other space: the driver answers. -EINVAL: inside libemm's memory but no
+ * live block start (double or interior free): counted and warned about
+ * under the name `what` (NULL: neither; the caller lets the driver path
+ * report it).
+ */
+int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const void *stream, bool pinned);
+/* The driver served an allocation (result 0 or -ENOMEM) or a free: count
+ * it under `which` and trace it. */
+void emm_serve_passed_alloc(enum emm_state_counter which, int result, emm_addr_t addr, size_t size,
+                            const void *stream);
+void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const void *stream);
+/* The live block containing `addr`: 0 and *ret_range; -ENXIO inside one of
+ * libemm's segments but in no live block; -ENOENT not libemm's memory. */
+int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
+
+/* Give idle memory back (emm_release_idle): device -1 all, -2 pinned. 0 and
+ * the bytes released; a negative errno when nothing was released and a
+ * heap failed (stats_print.c). */
+int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_released);
 
 #endif

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/pinned.c - the pinned-host heaps: one per (context, flag set of
+ * process/pinned.c - the pinned-host heaps: one per (context, flag set of
  * cuMemHostAlloc), created on first use.
  *
  * Pinned heaps are per context: the driver frees cuMemHostAlloc memory
@@ -15,8 +15,8 @@
 #include <stdatomic.h>
 
 #include "common/compiler.h"
-#include "interpose/state_internal.h"
-#include "interpose/state_priv.h"
+#include "process/process_internal.h"
+#include "process/process.h"
 
 static atomic_bool have_pinned;
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/state.c - libemm's process state: lazy initialisation (options,
+ * process/state.c - libemm's process state: lazy initialisation (options,
  * backend, trace, exit handler), the real entry points, the heap
  * parameters the options ask for, fork and exit. The rest of the state has
  * a file each (state_internal.h lists them): the heap guard (guard.c), one
@@ -30,7 +30,7 @@
  * and address map without calling CUDA (the parent's objects are not its
  * own) and starts empty; its first allocation builds a new heap.
  */
-#include "interpose/state.h"
+#include "process/process.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -46,9 +46,7 @@
 #include "common/log.h"
 #include "config/options.h"
 #include "emm/emm_version.h"
-#include "interpose/real.h"
-#include "interpose/state_internal.h"
-#include "interpose/state_priv.h"
+#include "process/process_internal.h"
 
 #define MAX_ATEXIT 16 /* registrations of state_atexit (see above) */
 

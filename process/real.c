@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/real.c - owns the way libemm reaches the real functions behind
+ * process/real.c - owns the way libemm reaches the real functions behind
  * its shims: glibc's dlsym (found with dlvsym, because our own exported dlsym
  * shadows it), the libcuda.so.1 handle, the driver's exports by exact name
  * (cached, no malloc), the typed table of hot driver functions, and the next
@@ -11,7 +11,7 @@
  * libemm's own shims. Nothing here takes a lock except the pthread_once of
  * the driver table; the caches are lock-free fixed tables.
  */
-#include "interpose/real.h"
+#include "process/process.h"
 
 #include <dlfcn.h>
 #include <link.h>

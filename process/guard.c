@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/guard.c - the heap guard: a heap is destroyed only while no
+ * process/guard.c - the heap guard: a heap is destroyed only while no
  * thread is inside it.
  *
  * A heap is destroyed only when its context goes (cuCtxDestroy, a primary
@@ -26,8 +26,8 @@
 
 #include "common/compiler.h"
 #include "common/log.h"
-#include "interpose/state_internal.h"
-#include "interpose/state_priv.h"
+#include "process/process_internal.h"
+#include "process/process.h"
 
 struct guard_slot {
 	atomic_uint active; /* this thread is inside a heap */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/streams.c - stream keys and the registry of live streams.
+ * process/streams.c - stream keys and the registry of live streams.
  *
  * A stream key is what the allocator orders frees by: the legacy stream,
  * this thread's per-thread default stream, or a real CUstream. The
@@ -16,8 +16,8 @@
 #include <string.h>
 
 #include "common/compiler.h"
-#include "interpose/state_internal.h"
-#include "interpose/state_priv.h"
+#include "process/process_internal.h"
+#include "process/process.h"
 
 #define STREAM_BUCKETS 256
 

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/fence_cuda.c - the allocator's completion markers (struct
+ * process/fence_cuda.c - the allocator's completion markers (struct
  * emm_fence_ops, allocator/heap.h) over real CUDA events.
  *
  * Each context has a pool of events created with CU_EVENT_DISABLE_TIMING
@@ -32,8 +32,7 @@
 #include <stdlib.h>
 
 #include "common/log.h"
-#include "interpose/state.h"
-#include "interpose/state_priv.h"
+#include "process/process.h"
 
 struct cuda_fence {
 	CUevent event;

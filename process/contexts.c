@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/contexts.c - one heap per CUDA context: the registry of
+ * process/contexts.c - one heap per CUDA context: the registry of
  * context entries, the thread cache that finds the calling thread's entry,
  * building an entry (backend, device heap), the segment sources that feed
  * a context's heaps from the backend, noticing a reset that bypassed our
@@ -33,8 +33,8 @@
 
 #include "common/compiler.h"
 #include "common/log.h"
-#include "interpose/state_internal.h"
-#include "interpose/state_priv.h"
+#include "process/process_internal.h"
+#include "process/process.h"
 
 pthread_mutex_t st_ctx_lock = PTHREAD_MUTEX_INITIALIZER;
 pthread_rwlock_t st_heap_life_lock = PTHREAD_RWLOCK_INITIALIZER;

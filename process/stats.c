@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/stats.c - the counters kept outside any heap (pass-through,
+ * process/stats.c - the counters kept outside any heap (pass-through,
  * refused and forwarded calls, process-wide and per device), the counters
  * of heaps already destroyed, and the walks over the live heaps that
  * statistics, cuMemGetInfo and the OOM report make.
@@ -17,8 +17,8 @@
 #include <string.h>
 
 #include "common/log.h"
-#include "interpose/state_internal.h"
-#include "interpose/state_priv.h"
+#include "process/process_internal.h"
+#include "process/process.h"
 
 /* --- counters ---------------------------------------------------------- */
 

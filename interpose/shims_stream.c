@@ -1,0 +1,186 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose/shims_stream.c - the driver API's stream, stream-capture and context
+ * lifecycle entry points: each calls the real function and tells the
+ * process layer what changed (a stream created or destroyed, a capture
+ * begun or ended, a context destroyed, reset, retained or released).
+ */
+#include <cuda.h>
+#include <stdbool.h>
+
+#include "common/compiler.h"
+#include "interpose/shims.h"
+
+/* --- streams ----------------------------------------------------------- */
+
+EMM_EXPORT CUresult CUDAAPI cuStreamCreate(CUstream *phStream, unsigned int Flags)
+{
+	CUresult r = CALL_REAL(cuStreamCreate, phStream, Flags);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_stream_created(*phStream, Flags & CU_STREAM_NON_BLOCKING);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamCreateWithPriority(CUstream *phStream, unsigned int flags, int priority)
+{
+	CUresult r = CALL_REAL(cuStreamCreateWithPriority, phStream, flags, priority);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_stream_created(*phStream, flags & CU_STREAM_NON_BLOCKING);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
+{
+	CUresult r;
+
+	/* Blocks freed on it get a marker recorded on it now, while it lives. */
+	if (emm_state_enabled())
+		emm_state_stream_destroyed(hStream);
+	r = CALL_REAL(cuStreamDestroy_v2, hStream);
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_capture_stream_destroyed(hStream);
+	return r;
+}
+
+/* --- stream capture ---------------------------------------------------- */
+
+/* The first ABI (no mode argument) captures in relaxed mode. */
+EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream)
+{
+	CUresult r = CALL_EXTRA(stream_begin_capture_v1, hStream);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_capture_begin(hStream, false, CU_STREAM_CAPTURE_MODE_RELAXED);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream)
+{
+	CUresult r = CALL_EXTRA(cuStreamBeginCapture_ptsz, hStream);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_capture_begin(hStream, true, CU_STREAM_CAPTURE_MODE_RELAXED);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
+{
+	CUresult r = CALL_REAL(cuStreamBeginCapture_v2, hStream, mode);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_capture_begin(hStream, false, mode);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
+{
+	CUresult r = CALL_EXTRA(cuStreamBeginCapture_v2_ptsz, hStream, mode);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_capture_begin(hStream, true, mode);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
+                                                        const CUgraphNode *dependencies,
+                                                        const CUgraphEdgeData *dependencyData,
+                                                        size_t numDependencies, CUstreamCaptureMode mode)
+{
+	CUresult r = CALL_EXTRA(cuStreamBeginCaptureToGraph, hStream, hGraph, dependencies, dependencyData,
+	                        numDependencies, mode);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_capture_begin(hStream, false, mode);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
+                                                             const CUgraphNode *dependencies,
+                                                             const CUgraphEdgeData *dependencyData,
+                                                             size_t numDependencies, CUstreamCaptureMode mode)
+{
+	CUresult r = CALL_EXTRA(cuStreamBeginCaptureToGraph_ptsz, hStream, hGraph, dependencies,
+	                        dependencyData, numDependencies, mode);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_capture_begin(hStream, true, mode);
+	return r;
+}
+
+/* The capture is over unless the call failed and the stream still
+ * captures (ended from the wrong thread, say). The graph it made (none if
+ * it failed) inherits what the capture quarantined. */
+static void capture_maybe_ended(CUresult r, CUstream hStream, bool ptsz, CUgraph *phGraph)
+{
+	CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+
+	if (!emm_state_enabled())
+		return;
+	if (r != CUDA_SUCCESS && REAL(cuStreamIsCapturing) &&
+	    REAL(cuStreamIsCapturing)(ptsz && !hStream ? CU_STREAM_PER_THREAD : hStream, &status) ==
+	        CUDA_SUCCESS &&
+	    status != CU_STREAM_CAPTURE_STATUS_NONE)
+		return;
+	emm_state_capture_end(hStream, ptsz, r == CUDA_SUCCESS && phGraph ? *phGraph : NULL);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamEndCapture(CUstream hStream, CUgraph *phGraph)
+{
+	CUresult r = CALL_REAL(cuStreamEndCapture, hStream, phGraph);
+
+	capture_maybe_ended(r, hStream, false, phGraph);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *phGraph)
+{
+	CUresult r = CALL_EXTRA(cuStreamEndCapture_ptsz, hStream, phGraph);
+
+	capture_maybe_ended(r, hStream, true, phGraph);
+	return r;
+}
+
+/* --- contexts ---------------------------------------------------------- */
+
+/* The driver frees a context's memory with it: its heaps are forgotten
+ * without driver calls, and later frees of their pointers get the driver's
+ * own error. */
+
+EMM_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
+{
+	CUresult r = CALL_REAL(cuCtxDestroy_v2, ctx);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_context_destroyed(ctx);
+	return r;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
+{
+	CUresult r = CALL_REAL(cuDevicePrimaryCtxReset_v2, dev);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_primary_reset(dev);
+	return r;
+}
+
+/* cudaDeviceReset resets the primary context without calling our reset
+ * shim; cudart's next call retains it again: a heap we keep for an
+ * inactive primary context is stale. */
+EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
+{
+	if (emm_state_enabled())
+		emm_state_primary_retaining(dev);
+	return CALL_EXTRA(cuDevicePrimaryCtxRetain, pctx, dev);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)
+{
+	CUresult r = CALL_REAL(cuDevicePrimaryCtxRelease_v2, dev);
+
+	if (r == CUDA_SUCCESS && emm_state_enabled())
+		emm_state_primary_released(dev);
+	return r;
+}

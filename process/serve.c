@@ -1,0 +1,139 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * process/serve.c - what a shim asks of the process layer to serve one call:
+ * an allocation from the current context's heap (device) or a pinned heap
+ * (host), a free of one of libemm's blocks, the accounting of a call the
+ * driver served instead, and the lookup of the live block behind an address
+ * (for the query shims). Each runs under the heap guard, traces to EMM_LOG
+ * and tells the capture tracker what it needs; the shims only translate
+ * arguments and results (errno values to CUresult or cudaError_t).
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "allocator/ptrmap.h"
+#include "allocator/trace.h"
+#include "common/log.h"
+#include "process/process.h"
+
+static void trace(enum emm_trace_action action, emm_addr_t addr, size_t size, const void *stream)
+{
+	if (emm_trace_enabled())
+		emm_trace_event(action, addr, size, (uint64_t)(uintptr_t)stream);
+}
+
+/* Allocate from `heap`; -ENOMEM is reported (once per call) when `report`. */
+static int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const void *stream, bool report,
+                      emm_addr_t *ret_addr)
+{
+	emm_addr_t addr;
+	int r = emm_heap_alloc(heap, size, key, &addr);
+
+	if (r == 0) {
+		/* A graph being captured may use it (capture.c). */
+		emm_capture_note_alloc(addr, heap);
+		trace(EMM_TRACE_ALLOCATE, addr, size, stream);
+		*ret_addr = addr;
+	} else if (r == -ENOMEM && report) {
+		emm_state_report_oom(heap, size);
+		trace(EMM_TRACE_ALLOCATE_FAILURE, 0, size, stream);
+	}
+	return r;
+}
+
+int emm_serve_device_alloc(size_t size, emm_stream_t key, const void *stream, bool report, emm_addr_t *ret_addr)
+{
+	emm_heap_t *heap;
+	int r;
+
+	if (size == 0)
+		return -EINVAL;
+	emm_state_enter();
+	r = emm_state_current_heap(&heap);
+	if (r == 0)
+		r = heap_alloc(heap, size, key, stream, report, ret_addr);
+	emm_state_leave();
+	return r;
+}
+
+int emm_serve_host_alloc(size_t size, unsigned int flags, bool report, emm_addr_t *ret_addr)
+{
+	emm_heap_t *heap;
+	int r;
+
+	if (size == 0)
+		return -EINVAL;
+	emm_state_enter();
+	r = emm_state_pinned_heap(flags, &heap);
+	if (r == 0)
+		r = heap_alloc(heap, size, EMM_STREAM_SYNC, NULL, report, ret_addr);
+	emm_state_leave();
+	return r;
+}
+
+static void bad_free(const char *what, emm_addr_t addr)
+{
+	static atomic_uint_fast64_t bad_frees;
+	uint64_t n = atomic_fetch_add(&bad_frees, 1) + 1;
+
+	emm_state_count(EMM_COUNT_BAD_FREE);
+	if (n == 1 || n % 1000 == 0)
+		emm_warn("%s(%#llx): not the start of a live block (double free or interior pointer): refused "
+		         "with CUDA_ERROR_INVALID_VALUE (%llu such frees so far)",
+		         what, (unsigned long long)addr, (unsigned long long)n);
+}
+
+int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const void *stream, bool pinned)
+{
+	size_t requested = 0;
+	int r;
+
+	if (addr == 0)
+		return -ENOENT;
+	emm_state_enter();
+	r = emm_state_free_block(addr, key, pinned, &requested);
+	emm_state_leave();
+	if (r == 0)
+		trace(EMM_TRACE_FREE, addr, requested, stream);
+	else if (r == -EINVAL && what)
+		bad_free(what, addr);
+	return r;
+}
+
+void emm_serve_passed_alloc(enum emm_state_counter which, int result, emm_addr_t addr, size_t size,
+                            const void *stream)
+{
+	if (result == 0) {
+		emm_state_count(which);
+		trace(EMM_TRACE_ALLOCATE, addr, size, stream);
+	} else if (result == -ENOMEM) {
+		trace(EMM_TRACE_ALLOCATE_FAILURE, 0, size, stream);
+	}
+}
+
+void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const void *stream)
+{
+	if (addr) {
+		emm_state_count(which);
+		trace(EMM_TRACE_FREE, addr, 0, stream);
+	}
+}
+
+int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range)
+{
+	struct emm_block_range range;
+	uint64_t base;
+	size_t size;
+	void *value;
+	int r;
+
+	emm_state_enter();
+	r = emm_heap_find_block(addr, &range);
+	if (r == 0)
+		*ret_range = range;
+	else if (emm_segmap_find(addr, &base, &size, &value) == 0)
+		r = -ENXIO; /* in our segment, in no live block: the driver would not know it */
+	emm_state_leave();
+	return r;
+}

@@ -1,0 +1,172 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * process/stats_print.c - the EMM_STATS table printed at exit, and giving
+ * idle memory back on request (emm_release_idle's work).
+ *
+ * The exit table reads counters only and never calls the driver (it may
+ * already be gone).
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/compiler.h"
+#include "common/log.h"
+#include "emm/emm.h"
+#include "emm/emm_version.h"
+#include "process/process.h"
+
+struct release_arg {
+	int device;
+	size_t keep;
+	long long released;
+	int error;
+};
+
+static void release_one(emm_heap_t *heap, int device, void *arg)
+{
+	struct release_arg *a = arg;
+	long long r;
+
+	if (a->device != -1 && a->device != device)
+		return;
+	r = emm_heap_release_idle(heap, a->keep);
+	if (r >= 0)
+		a->released += r;
+	else if (!a->error)
+		a->error = (int)r;
+}
+
+int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_released)
+{
+	struct release_arg a = {device, keep_bytes, 0, 0};
+
+	if (device < -2)
+		return -EINVAL;
+	if (emm_state_exiting()) {
+		*ret_released = 0;
+		return 0;
+	}
+	/* Each heap's context is made current around the release: segments
+	 * go back through the driver and fences may be recorded. */
+	emm_state_for_each_heap(release_one, &a, true);
+	if (a.released == 0 && a.error)
+		return a.error;
+	*ret_released = a.released;
+	return 0;
+}
+
+/* --- EMM_STATS --------------------------------------------------------- */
+
+/* "12.3 MiB" into buf. */
+static const char *human(uint64_t bytes, char *buf, size_t size)
+{
+	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+	double v = (double)bytes;
+	unsigned u = 0;
+
+	while (v >= 1024.0 && u + 1 < EMM_ARRAY_SIZE(units)) {
+		v /= 1024.0;
+		u++;
+	}
+	if (u == 0)
+		snprintf(buf, size, "%" PRIu64 " B", bytes);
+	else
+		snprintf(buf, size, "%.1f %s", v, units[u]);
+	return buf;
+}
+
+static void print_row(const char *label, const struct emm_stats *s)
+{
+	char alloc_peak[32], reserved_peak[32], hit[16], frag[16], backend[48], pass[48];
+
+	if (s->allocs)
+		snprintf(hit, sizeof(hit), "%.1f%%", 100.0 * (double)s->hits / (double)s->allocs);
+	else
+		snprintf(hit, sizeof(hit), "-");
+	/* Fragmentation at peak: the share of reserved memory not handed out. */
+	if (s->reserved_bytes_peak)
+		snprintf(frag, sizeof(frag), "%.1f%%",
+		         100.0 * (1.0 - (double)s->allocated_bytes_peak / (double)s->reserved_bytes_peak));
+	else
+		snprintf(frag, sizeof(frag), "-");
+	snprintf(backend, sizeof(backend), "%" PRIu64 "/%" PRIu64, s->backend_allocs, s->backend_frees);
+	snprintf(pass, sizeof(pass), "%" PRIu64 "/%" PRIu64, s->passthrough_allocs, s->passthrough_frees);
+	emm_info("%-7s %10" PRIu64 " %10" PRIu64 " %6s %13s %8" PRIu64 " %6" PRIu64 " %11s %11s %6s %15s",
+	         label, s->allocs, s->hits, hit, backend, s->events_recorded, s->host_waits,
+	         human(s->allocated_bytes_peak, alloc_peak, sizeof(alloc_peak)),
+	         human(s->reserved_bytes_peak, reserved_peak, sizeof(reserved_peak)), frag, pass);
+}
+
+static bool row_used(const struct emm_stats *s)
+{
+	return s->allocs || s->frees || s->passthrough_allocs || s->passthrough_frees || s->bad_frees ||
+	       s->backend_allocs || s->reserved_bytes_peak;
+}
+
+struct devices_arg {
+	uint64_t mask; /* devices 0..63 with a live heap */
+};
+
+static void note_device(emm_heap_t *heap, int device, void *arg)
+{
+	struct devices_arg *d = arg;
+
+	(void)heap;
+	if (device >= 0 && device < 64)
+		d->mask |= UINT64_C(1) << device;
+}
+
+void emm_stats_print_exit(void)
+{
+	struct emm_stats s;
+	struct devices_arg d = {0};
+	uint64_t c[EMM_COUNT__COUNT];
+	char label[16];
+
+	emm_state_for_each_heap(note_device, &d, false);
+	emm_info("statistics (libemm %s, backend %s)", EMM_VERSION_STRING, emm_state_backend_name());
+	emm_info("%-7s %10s %10s %6s %13s %8s %6s %11s %11s %6s %15s", "device", "allocs", "hits", "hit%",
+	         "backend a/f", "events", "waits", "peak alloc", "peak resv", "frag", "passthru a/f");
+	for (int dev = 0; dev < 64; dev++) {
+		memset(&s, 0, sizeof(s));
+		s.struct_size = sizeof(s);
+		emm_state_collect_stats(dev, &s);
+		if (!(d.mask & (UINT64_C(1) << dev)) && !row_used(&s))
+			continue;
+		snprintf(label, sizeof(label), "%d", dev);
+		print_row(label, &s);
+	}
+	memset(&s, 0, sizeof(s));
+	s.struct_size = sizeof(s);
+	emm_state_collect_stats(-2, &s);
+	if (row_used(&s))
+		print_row("pinned", &s);
+	memset(&s, 0, sizeof(s));
+	s.struct_size = sizeof(s);
+	emm_state_collect_stats(-1, &s);
+	print_row("all", &s);
+
+	emm_state_counters(c);
+	emm_info("frees %" PRIu64 ", bad frees %" PRIu64 ", out of memory %" PRIu64 " (after %" PRIu64
+	         " retries), event queries %" PRIu64 ", stream waits %" PRIu64 ", epochs %" PRIu64,
+	         s.frees, s.bad_frees, s.ooms, s.oom_retries, s.event_queries, s.stream_waits,
+	         s.epochs_closed);
+	if (c[EMM_COUNT_HOST_REGISTER] || c[EMM_COUNT_MANAGED_ALLOC] || c[EMM_COUNT_CAPTURE_ALLOC] ||
+	    c[EMM_COUNT_IPC_REFUSED])
+		emm_info("host registrations %" PRIu64 "/%" PRIu64 ", managed allocations %" PRIu64
+		         ", allocations in stream capture %" PRIu64 ", IPC exports refused %" PRIu64,
+		         c[EMM_COUNT_HOST_REGISTER], c[EMM_COUNT_HOST_UNREGISTER], c[EMM_COUNT_MANAGED_ALLOC],
+		         c[EMM_COUNT_CAPTURE_ALLOC], c[EMM_COUNT_IPC_REFUSED]);
+	{
+		uint64_t quarantined = 0, released = 0;
+		size_t held = 0;
+
+		emm_capture_stats(&quarantined, &released, &held);
+		if (quarantined)
+			emm_info("graph quarantine: %" PRIu64 " blocks freed while a captured graph could use "
+			         "them, %" PRIu64 " released since, %zu still held",
+			         quarantined, released, held);
+	}
+}
