@@ -9,8 +9,9 @@
  * the dynamic loader refused. A built-in .so found beside libemm that cannot
  * be used is a warning instead, and the compiled-in copy serves.
  *
- * The loader calls dlsym directly: libemm's own dlsym hook (interpose/)
- * forwards every lookup that is not into libcuda untouched.
+ * The caller hands in the symbol lookup to use (the real dlsym: libemm
+ * exports a dlsym of its own, and the allocator never calls up into the
+ * layer that owns it).
  */
 #include "allocator/backend_loader.h"
 
@@ -107,7 +108,8 @@ static int negotiate(emm_backend_get_fn entry, uint32_t *ret_version, const stru
 }
 
 /* dlopen + dlsym + negotiate; on success ret is filled and owns the handle. */
-static int load_file(const char *path, struct emm_backend_loaded *ret, char *reason, size_t reason_size)
+static int load_file(const char *path, emm_symbol_lookup_fn lookup, struct emm_backend_loaded *ret, char *reason,
+                     size_t reason_size)
 {
 	const struct emm_backend *table;
 	emm_backend_get_fn entry;
@@ -124,7 +126,7 @@ static int load_file(const char *path, struct emm_backend_loaded *ret, char *rea
 		return -ENOENT;
 	}
 	dlerror();
-	*(void **)&entry = dlsym(handle, EMM_BACKEND_ENTRY);
+	*(void **)&entry = lookup(handle, EMM_BACKEND_ENTRY);
 	if (!entry) {
 		const char *why = dlerror();
 
@@ -179,7 +181,7 @@ static bool valid_builtin_name(const char *name)
 	return n > 0 && n < 64 && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
 }
 
-static int load_builtin(const char *name, struct emm_backend_loaded *ret)
+static int load_builtin(const char *name, emm_symbol_lookup_fn lookup, struct emm_backend_loaded *ret)
 {
 	char dir[sizeof(ret->path)];
 	char path[sizeof(ret->path) + 96];
@@ -204,7 +206,7 @@ static int load_builtin(const char *name, struct emm_backend_loaded *ret)
 		snprintf(path, sizeof(path), "%s%slibemm-backend-%s.so", dir, strcmp(dir, "/") ? "/" : "",
 		         name);
 		if (strlen(path) < sizeof(ret->path) && access(path, F_OK) == 0) {
-			err = load_file(path, ret, reason, sizeof(reason));
+			err = load_file(path, lookup, ret, reason, sizeof(reason));
 			if (err == 0) {
 				emm_debug("backend '%s': interface version %u from %s", name, ret->version,
 				          path);
@@ -236,7 +238,7 @@ static int load_builtin(const char *name, struct emm_backend_loaded *ret)
 	return 0;
 }
 
-int emm_backend_load(const char *name, struct emm_backend_loaded *ret)
+int emm_backend_load(const char *name, emm_symbol_lookup_fn lookup, struct emm_backend_loaded *ret)
 {
 	struct emm_backend_loaded loaded;
 	char reason[REASON_MAX];
@@ -246,14 +248,16 @@ int emm_backend_load(const char *name, struct emm_backend_loaded *ret)
 		emm_error("backend: no backend name given");
 		return -EINVAL;
 	}
+	if (!lookup)
+		lookup = dlsym;
 	memset(&loaded, 0, sizeof(loaded));
 	if (!strchr(name, '/')) {
-		err = load_builtin(name, &loaded);
+		err = load_builtin(name, lookup, &loaded);
 	} else if (strlen(name) >= sizeof(loaded.path)) {
 		emm_error("backend %.64s...: path longer than %zu bytes", name, sizeof(loaded.path) - 1);
 		err = -ENOENT;
 	} else {
-		err = load_file(name, &loaded, reason, sizeof(reason));
+		err = load_file(name, lookup, &loaded, reason, sizeof(reason));
 		if (err < 0)
 			emm_error("backend %s: %s", name, reason);
 		else

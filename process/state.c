@@ -157,7 +157,7 @@ static void state_init(void)
 		goto out;
 	}
 
-	ret = emm_backend_load(opts->backend, &st_backend);
+	ret = emm_backend_load(opts->backend, emm_real_dlsym, &st_backend);
 	if (ret < 0) {
 		emm_error("backend \"%s\" could not be loaded (reason above): libemm passes every call "
 		          "through to the driver",

@@ -6,6 +6,7 @@
  *
  *   test-loader BUILD_DIR_OF_FAKE_BACKENDS PATH_TO_libemm-backend-hostsim.so
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <unistd.h>
 
@@ -68,7 +69,7 @@ static void expect_refused(const char *name, int err, const char *needle)
 	memset(&loaded, 0xa5, sizeof(loaded));
 	sentinel = loaded;
 	capture_begin();
-	expect_int_eq(emm_backend_load(name, &loaded), err);
+	expect_int_eq(emm_backend_load(name, NULL, &loaded), err);
 	expect_int_eq(capture_end(), 1);
 	if (!strstr(captured, needle)) {
 		emm_test_fail_("log for %s lacks \"%s\"", name, needle);
@@ -81,7 +82,7 @@ TEST_BEGIN(test_builtin_by_name)
 	struct emm_backend_loaded loaded;
 
 	capture_begin();
-	expect_int_eq(emm_backend_load("hostsim", &loaded), 0);
+	expect_int_eq(emm_backend_load("hostsim", NULL, &loaded), 0);
 	expect_int_eq(capture_end(), 0);
 	assert_ptr_not_null(loaded.table);
 	expect_str_eq(loaded.table->name, "hostsim");
@@ -90,7 +91,7 @@ TEST_BEGIN(test_builtin_by_name)
 	expect_int_eq(loaded.version, EMM_BACKEND_INTERFACE_VERSION);
 	expect_true(loaded.table->caps & EMM_BACKEND_CAP_SIMULATED);
 
-	expect_int_eq(emm_backend_load("driver", &loaded), 0);
+	expect_int_eq(emm_backend_load("driver", NULL, &loaded), 0);
 	expect_str_eq(loaded.table->name, "driver");
 	expect_str_eq(loaded.path, "built-in");
 	expect_true(loaded.table->caps & EMM_BACKEND_CAP_DEVICE);
@@ -104,7 +105,7 @@ TEST_BEGIN(test_builtin_beside_library)
 	struct emm_backend_loaded loaded;
 	char want[600];
 
-	expect_int_eq(emm_backend_load("besideme", &loaded), 0);
+	expect_int_eq(emm_backend_load("besideme", NULL, &loaded), 0);
 	assert_ptr_not_null(loaded.table);
 	expect_str_eq(loaded.table->name, "fake");
 	expect_ptr_not_null(loaded.dl_handle);
@@ -131,7 +132,7 @@ TEST_BEGIN(test_by_path)
 	size_t free_bytes = 0, total = 0;
 
 	capture_begin();
-	expect_int_eq(emm_backend_load(hostsim_so, &loaded), 0);
+	expect_int_eq(emm_backend_load(hostsim_so, NULL, &loaded), 0);
 	expect_int_eq(capture_end(), 0);
 	assert_ptr_not_null(loaded.table);
 	expect_ptr_not_null(loaded.dl_handle);
@@ -141,7 +142,7 @@ TEST_BEGIN(test_by_path)
 	{
 		struct emm_backend_loaded builtin;
 
-		expect_int_eq(emm_backend_load("hostsim", &builtin), 0);
+		expect_int_eq(emm_backend_load("hostsim", NULL, &builtin), 0);
 		expect_true(builtin.table != loaded.table);
 	}
 	assert_int_eq(loaded.table->init(&host, 0, 0x1234, &state), 0);
@@ -203,9 +204,34 @@ TEST_BEGIN(test_bad_names)
 	expect_refused("sp ace", -ENOENT, "sp ace");
 
 	capture_begin();
-	expect_int_eq(emm_backend_load("", &loaded), -EINVAL);
-	expect_int_eq(emm_backend_load(NULL, &loaded), -EINVAL);
+	expect_int_eq(emm_backend_load("", NULL, &loaded), -EINVAL);
+	expect_int_eq(emm_backend_load(NULL, NULL, &loaded), -EINVAL);
 	expect_int_eq(capture_end(), 2);
+}
+TEST_END
+
+static unsigned lookups;
+
+static void *counting_lookup(void *handle, const char *name)
+{
+	lookups++;
+	return dlsym(handle, name);
+}
+
+/* The loader finds the entry symbol with the lookup it is handed (libemm
+ * hands it the real dlsym), never with a dlsym of its own choosing. */
+TEST_BEGIN(test_lookup_argument)
+{
+	struct emm_backend_loaded loaded;
+
+	lookups = 0;
+	expect_int_eq(emm_backend_load(hostsim_so, counting_lookup, &loaded), 0);
+	expect_int_eq(lookups, 1);
+	emm_backend_unload(&loaded);
+	/* A compiled-in backend needs no lookup at all. */
+	lookups = 0;
+	expect_int_eq(emm_backend_load("hostsim", counting_lookup, &loaded), 0);
+	expect_int_eq(lookups, 0);
 }
 TEST_END
 
@@ -218,5 +244,5 @@ int main(int argc, char **argv)
 	fake_dir = argv[1];
 	hostsim_so = argv[2];
 	return emm_test_run(test_builtin_by_name, test_builtin_beside_library, test_by_path, test_refusals,
-	                    test_bad_names, NULL);
+	                    test_bad_names, test_lookup_argument, NULL);
 }
