@@ -174,8 +174,13 @@ int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
  * non-blocking stream this also makes it wait (fence->stream_wait, on the
  * GPU) on emm_heap_last_fence's event, atomically with the announcement. */
 void emm_heap_stream_created(emm_heap_t *heap, emm_stream_t stream, bool nonblocking);
-/* The stream is being destroyed: its ready-stream blocks become fenced by
- * a marker recorded on it now (or ready-any if nothing can be recorded). */
+/* The stream is about to be destroyed (it still lives): its ready-stream
+ * blocks become fenced by a marker recorded on it now. It stays known as
+ * non-blocking (the destroy may fail). */
+void emm_heap_stream_fence(emm_heap_t *heap, emm_stream_t stream);
+/* The stream is destroyed: forget it as a non-blocking stream; any
+ * ready-stream blocks freed on it since emm_heap_stream_fence are fenced as
+ * there. */
 void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream);
 
 /* Close the open epoch now and move completed fences to ready (sync points,

@@ -410,6 +410,31 @@ void emm_heap_stream_created(emm_heap_t *heap, emm_stream_t stream, bool nonbloc
 	}
 }
 
+/* Fence the ready-stream blocks of `stream` with a marker recorded on it. */
+static void stream_fence_locked(struct arena *h, emm_stream_t stream)
+{
+	if (emm_heap_fence_key(h, stream, stream)) {
+		/* Nothing can be recorded: ready-any (heap.h). */
+		struct emm_block *b, *next;
+		for (b = emm_pool_collect_key(h, stream); b; b = next) {
+			next = b->link;
+			emm_pool_block_ready(h, b, 0);
+		}
+	}
+}
+
+void emm_heap_stream_fence(emm_heap_t *heap, emm_stream_t stream)
+{
+	if (!heap || stream == EMM_STREAM_SYNC)
+		return;
+	for (unsigned i = 0; i < heap->narenas; i++) {
+		struct arena *h = heap->arenas[i];
+		pthread_mutex_lock(&h->lock);
+		stream_fence_locked(h, stream);
+		pthread_mutex_unlock(&h->lock);
+	}
+}
+
 void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream)
 {
 	if (!heap || stream == EMM_STREAM_SYNC)
@@ -423,14 +448,7 @@ void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream)
 				break;
 			}
 		}
-		if (emm_heap_fence_key(h, stream, stream)) {
-			/* Nothing can be recorded: ready-any (heap.h). */
-			struct emm_block *b, *next;
-			for (b = emm_pool_collect_key(h, stream); b; b = next) {
-				next = b->link;
-				emm_pool_block_ready(h, b, 0);
-			}
-		}
+		stream_fence_locked(h, stream);
 		pthread_mutex_unlock(&h->lock);
 	}
 }

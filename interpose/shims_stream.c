@@ -35,12 +35,15 @@ EMM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 {
 	CUresult r;
 
-	/* Blocks freed on it get a marker recorded on it now, while it lives. */
+	/* Blocks freed on it get a marker recorded on it now, while it lives;
+	 * it is forgotten only once the driver has destroyed it. */
 	if (emm_state_enabled())
-		emm_state_stream_destroyed(hStream);
+		emm_state_stream_destroying(hStream);
 	r = CALL_REAL(cuStreamDestroy_v2, hStream);
-	if (r == CUDA_SUCCESS && emm_state_enabled())
+	if (r == CUDA_SUCCESS && emm_state_enabled()) {
+		emm_state_stream_destroyed(hStream);
 		emm_capture_stream_destroyed(hStream);
+	}
 	return r;
 }
 

@@ -60,6 +60,7 @@
 #include "common/compiler.h"
 #include "common/log.h"
 #include "process/process.h"
+#include "process/process_internal.h"
 
 #define QHASH_BUCKETS   4096u
 #define QFILTER_BUCKETS 4096u
@@ -405,7 +406,7 @@ void emm_state_capture_begin(CUstream stream, bool per_thread_default, CUstreamC
 		c->thread = pthread_self();
 		c->ctx = ctx;
 	}
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	if (c) {
 		c->qs = qset_new();
 		c->next = captures;
@@ -414,7 +415,7 @@ void emm_state_capture_begin(CUstream stream, bool per_thread_default, CUstreamC
 		capture_unknown++;
 	}
 	atomic_fetch_add(&capture_count, 1);
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 }
 
 static void flush_one(emm_heap_t *heap, int device, void *arg)
@@ -431,7 +432,7 @@ void emm_state_capture_end(CUstream stream, bool per_thread_default, CUgraph gra
 	struct capture *c = NULL;
 	bool found = false;
 
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	for (struct capture **link = &captures; *link; link = &(*link)->next) {
 		if ((*link)->key == key) {
 			c = *link;
@@ -463,7 +464,7 @@ void emm_state_capture_end(CUstream stream, bool per_thread_default, CUgraph gra
 		/* No graph (the capture failed): released at once. */
 		qset_put(c->qs, &rel);
 	}
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	free(c);
 	release_run(&rel);
 	/* Frees kept pending during the capture can be fenced now. */
@@ -479,7 +480,7 @@ void emm_capture_stream_destroyed(CUstream stream)
 
 	if (!EMM_STREAM_IS_HANDLE(key) || atomic_load_explicit(&capture_count, memory_order_acquire) == 0)
 		return;
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	for (struct capture **link = &captures; *link; link = &(*link)->next) {
 		if ((*link)->key == key) {
 			c = *link;
@@ -491,7 +492,7 @@ void emm_capture_stream_destroyed(CUstream stream)
 	/* Its capture can no longer make a graph. */
 	if (c && c->qs)
 		qset_put(c->qs, &rel);
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	free(c);
 	release_run(&rel);
 }
@@ -510,14 +511,14 @@ bool emm_state_capture_forbids(emm_stream_t key)
 	if (!EMM_STREAM_IS_HANDLE(key))
 		return true;
 	self = pthread_self();
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	forbid = capture_unknown > 0;
 	for (struct capture *c = captures; c && !forbid; c = c->next) {
 		if (c->key == key || c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
 		    (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && pthread_equal(c->thread, self)))
 			forbid = true;
 	}
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	return forbid;
 }
 
@@ -532,11 +533,11 @@ bool emm_state_stream_capturing(CUstream stream, bool per_thread_default)
 	if (EMM_LIKELY(atomic_load_explicit(&capture_count, memory_order_acquire) == 0))
 		return false;
 	key = emm_state_stream_key(stream, per_thread_default);
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	for (struct capture *c = captures; c; c = c->next)
 		if (c->key == key)
 			tracked = true;
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	if (tracked)
 		return true;
 	/* A stream can join a capture through an event wait: ask the driver. */
@@ -556,9 +557,9 @@ void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap)
 
 	if (EMM_LIKELY(atomic_load_explicit(&capture_count, memory_order_acquire) == 0))
 		return;
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	if (!captures) {
-		pthread_mutex_unlock(&capture_lock);
+		st_unlock(&capture_lock);
 		return;
 	}
 	qb = qblock_find(addr);
@@ -573,7 +574,7 @@ void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap)
 		if (qb->nsets == 0)
 			qblock_remove(qb);
 	}
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 }
 
 int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_requested)
@@ -590,7 +591,7 @@ int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_reques
 	if (emm_heap_find_block(addr, &range) != 0 || range.base != addr ||
 	    (emm_heap_device(range.heap) == -2) != pinned)
 		return 0;
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	qb = qblock_find(addr);
 	if (qb && qb->freed) {
 		ret = -EINVAL; /* freed twice: the block is quarantined, not live */
@@ -614,7 +615,7 @@ int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_reques
 		qb->freed = true; /* allocated during a capture; its graph still lives */
 		ret = 1;
 	}
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	if (ret == 1) {
 		*ret_requested = range.requested;
 		atomic_fetch_add_explicit(&quarantined_total, 1, memory_order_relaxed);
@@ -633,7 +634,7 @@ void emm_graph_derived(const void *dst, bool dst_exec, const void *src, bool src
 
 	if (!dst || !src || atomic_load_explicit(&gobj_count, memory_order_relaxed) == 0)
 		return;
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	s = gobj_find(src, src_exec, NULL);
 	if (s && s != gobj_find(dst, dst_exec, NULL)) {
 		d = gobj_get(dst, dst_exec, s->ctx);
@@ -644,7 +645,7 @@ void emm_graph_derived(const void *dst, bool dst_exec, const void *src, bool src
 			gobj_free(s, &rel);
 		}
 	}
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	release_run(&rel);
 }
 
@@ -654,13 +655,13 @@ void emm_graph_pin(const void *src, bool src_exec)
 
 	if (!src || atomic_load_explicit(&gobj_count, memory_order_relaxed) == 0)
 		return;
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	s = gobj_find(src, src_exec, NULL);
 	if (s) {
 		p = gobj_get(NULL, false, s->ctx);
 		gobj_copy_sets(p, s);
 	}
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 }
 
 void emm_graph_destroyed(const void *handle, bool exec)
@@ -670,13 +671,13 @@ void emm_graph_destroyed(const void *handle, bool exec)
 
 	if (!handle || atomic_load_explicit(&gobj_count, memory_order_relaxed) == 0)
 		return;
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	g = gobj_find(handle, exec, NULL);
 	if (g) {
 		gobj_unlink(g);
 		gobj_free(g, &rel);
 	}
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	release_run(&rel);
 }
 
@@ -686,7 +687,7 @@ void emm_capture_context_dropped(CUcontext ctx, emm_heap_t *const *heaps, size_t
 {
 	struct release rel = {0};
 
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	/* The context's memory went with it: its blocks are forgotten. */
 	for (unsigned b = 0; b < QHASH_BUCKETS; b++)
 		for (struct qblock *qb = qhash[b]; qb; qb = qb->next)
@@ -716,7 +717,7 @@ void emm_capture_context_dropped(CUcontext ctx, emm_heap_t *const *heaps, size_t
 			link = &g->next;
 		}
 	}
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	/* Blocks of other contexts freed during this context's captures. */
 	release_run(&rel);
 }
@@ -743,11 +744,11 @@ void emm_capture_stats(uint64_t *ret_quarantined, uint64_t *ret_released, size_t
 {
 	size_t held = 0;
 
-	pthread_mutex_lock(&capture_lock);
+	st_lock(&capture_lock);
 	for (unsigned b = 0; b < QHASH_BUCKETS; b++)
 		for (struct qblock *qb = qhash[b]; qb; qb = qb->next)
 			held += qb->freed && !qb->dead;
-	pthread_mutex_unlock(&capture_lock);
+	st_unlock(&capture_lock);
 	*ret_quarantined = atomic_load_explicit(&quarantined_total, memory_order_relaxed);
 	*ret_released = atomic_load_explicit(&released_total, memory_order_relaxed);
 	*ret_held = held;

@@ -84,6 +84,7 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 
 	if (st_is_exiting())
 		return -ENOMEM;
+	st_assert_unlocked("a backend segment allocation");
 	tls_in_backend = true;
 	if (host)
 		ret = st_backend.table->host_segment_alloc(e->backend_state, size, flags, ret_addr);
@@ -102,6 +103,7 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 
 	if (st_is_exiting())
 		return 0; /* the driver frees everything with the process */
+	st_assert_unlocked("a backend segment free");
 	pushed = st_push_ctx(e->ctx);
 	tls_in_backend = true;
 	if (host)
@@ -154,26 +156,74 @@ static bool is_primary_context(CUcontext ctx, CUdevice dev)
 	return primary == ctx;
 }
 
-/* Build the entry (and heap) of the current context `ctx`. st_ctx_lock
- * held. Returns NULL only without memory; a failed backend gives a failed
- * entry (pass-through for that context). */
-static struct ctx_entry *entry_create_locked(CUcontext ctx, unsigned long long ctx_id)
+/* Put `e` in the registry. st_ctx_lock held. False without memory. */
+static bool entry_append_locked(struct ctx_entry *e)
+{
+	if (ctx_count == ctx_cap) {
+		size_t cap = ctx_cap ? ctx_cap * 2 : 8;
+		struct ctx_entry **list = realloc(ctx_list, cap * sizeof(*list));
+		if (!list)
+			return false;
+		ctx_list = list;
+		ctx_cap = cap;
+	}
+	ctx_list[ctx_count++] = e;
+	return true;
+}
+
+struct publish_arg {
+	struct ctx_entry *entry;  /* the one built */
+	struct ctx_entry *winner; /* the one in the registry afterwards (NULL: no memory) */
+	uint64_t generation;	  /* st_ctx_generation as the winner was found or published */
+};
+
+/* st_ctx_lock held: publish a->entry unless another thread's entry for the
+ * same context got there first. */
+static void publish_entry_locked(void *arg)
+{
+	struct publish_arg *a = arg;
+	struct ctx_entry *found = entry_find_locked(a->entry->ctx);
+
+	if (found && found->ctx_id == a->entry->ctx_id)
+		a->winner = found;
+	else if (!found && entry_append_locked(a->entry))
+		a->winner = a->entry;
+	else
+		a->winner = NULL; /* no memory, or a stale entry to drop first: retry */
+	a->generation = atomic_load_explicit(&st_ctx_generation, memory_order_relaxed);
+}
+
+/* Undo what entry_build did for an entry that was never published. */
+static void entry_discard(struct ctx_entry *e)
+{
+	st_assert_unlocked("discarding an unpublished context entry");
+	if (e->heap)
+		emm_heap_destroy(e->heap, false); /* new and empty: nothing to give back */
+	if (e->backend_state && st_backend.table->fini)
+		st_backend.table->fini(e->backend_state, true);
+	free(e);
+}
+
+/*
+ * Build the entry (and heap) of the current context `ctx` with no lock
+ * held - it makes driver calls (the device, the primary context, the
+ * backend's init) and heap calls - and publish it. Returns the entry in the
+ * registry afterwards (ours, or another thread's that won the race) and
+ * the registry generation it was found at; NULL without memory or when a
+ * stale entry must be dropped first. A failed backend gives a failed entry
+ * (pass-through for that context).
+ */
+static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, uint64_t *ret_gen)
 {
 	const struct emm_real_driver_table *real = st_real_table();
+	struct publish_arg pa = {NULL, NULL, 0};
 	struct emm_heap_params params;
 	struct emm_segment_source src;
 	struct ctx_entry *e;
 	CUdevice dev = 0;
 	int ret;
 
-	if (ctx_count == ctx_cap) {
-		size_t cap = ctx_cap ? ctx_cap * 2 : 8;
-		struct ctx_entry **list = realloc(ctx_list, cap * sizeof(*list));
-		if (!list)
-			return NULL;
-		ctx_list = list;
-		ctx_cap = cap;
-	}
+	st_assert_unlocked("creating a context entry");
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return NULL;
@@ -204,6 +254,7 @@ static struct ctx_entry *entry_create_locked(CUcontext ctx, unsigned long long c
 		emm_warn("backend %s: init for device %d failed (%s): this context's allocations go to the "
 		         "driver",
 		         st_backend.table->name, dev, strerror(-ret));
+		e->backend_state = NULL;
 		e->failed = true;
 		goto publish;
 	}
@@ -220,20 +271,46 @@ static struct ctx_entry *entry_create_locked(CUcontext ctx, unsigned long long c
 			st_backend.table->fini(e->backend_state, true);
 		e->backend_state = NULL;
 		e->failed = true;
-		goto publish;
 	}
-	st_announce_streams(e->heap, ctx);
-	emm_debug("heap for context %p (id %llu, device %d%s)", (void *)ctx, ctx_id, dev,
-	          e->primary ? ", primary" : "");
-	/* Run our exit handler before the teardown of a runtime that
-	 * initialised after us (see state.c). */
-	st_atexit_again();
 publish:
-	ctx_list[ctx_count++] = e;
-	return e;
+	pa.entry = e;
+	if (e->heap) {
+		if (st_publish_heap(e->heap, ctx, publish_entry_locked, &pa) < 0)
+			pa.winner = NULL;
+	} else {
+		st_lock(&st_ctx_lock);
+		publish_entry_locked(&pa);
+		st_unlock(&st_ctx_lock);
+	}
+	if (pa.winner != e) {
+		entry_discard(e);
+		if (!pa.winner)
+			return NULL;
+	} else if (e->heap) {
+		emm_debug("heap for context %p (id %llu, device %d%s)", (void *)ctx, ctx_id, dev,
+		          e->primary ? ", primary" : "");
+		/* Run our exit handler before the teardown of a runtime that
+		 * initialised after us (see state.c). */
+		st_atexit_again();
+	}
+	*ret_gen = pa.generation;
+	return pa.winner;
 }
 
 static bool drop_entry(struct ctx_entry *stale);
+
+/* An entry of an earlier context with the handle `ctx` is in the registry. */
+static bool entry_stale_present(CUcontext ctx, unsigned long long id)
+{
+	struct ctx_entry *e;
+	bool stale;
+
+	st_lock(&st_ctx_lock);
+	e = entry_find_locked(ctx);
+	stale = e && e->ctx_id != id;
+	st_unlock(&st_ctx_lock);
+	return stale;
+}
 
 /* The current context and its key for the thread cache: its unique id, or
  * its handle where the driver has no cuCtxGetId. 0; -ENODEV without a
@@ -297,22 +374,27 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 		if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
 			return -ENODEV;
 		for (;;) {
-			pthread_mutex_lock(&st_ctx_lock);
+			unsigned long long found_id = 0;
+
+			st_lock(&st_ctx_lock);
 			e = entry_find_locked(ctx);
-			if (e && e->ctx_id != id) {
+			if (e)
+				found_id = e->ctx_id;
+			gen = atomic_load_explicit(&st_ctx_generation, memory_order_relaxed);
+			st_unlock(&st_ctx_lock);
+			if (e && found_id != id) {
 				/* Same handle, another context: reset behind our back. */
-				struct ctx_entry *stale = e;
-				pthread_mutex_unlock(&st_ctx_lock);
 				emm_debug("context %p was reset (id %llu, now %llu): dropping its heaps",
-				          (void *)ctx, stale->ctx_id, id);
-				if (!drop_entry(stale) && st_is_exiting())
+				          (void *)ctx, found_id, id);
+				if (!drop_entry(e) && st_is_exiting())
 					return -ENOSYS;
 				continue;
 			}
-			if (!e && create)
-				e = entry_create_locked(ctx, id);
-			gen = atomic_load_explicit(&st_ctx_generation, memory_order_relaxed);
-			pthread_mutex_unlock(&st_ctx_lock);
+			if (!e && create) {
+				e = entry_create(ctx, id, &gen);
+				if (!e && entry_stale_present(ctx, id))
+					continue; /* dropped on the next round */
+			}
 			break;
 		}
 		if (!e)
@@ -435,10 +517,10 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 
 	if (st_is_exiting())
 		return false;
-	pthread_mutex_lock(&st_ctx_lock);
+	st_lock(&st_ctx_lock);
 	for (size_t i = 0; i < ctx_count && !any; i++)
 		any = match(ctx_list[i], arg);
-	pthread_mutex_unlock(&st_ctx_lock);
+	st_unlock(&st_ctx_lock);
 	if (!any)
 		return false;
 
@@ -446,7 +528,7 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 	pthread_rwlock_wrlock(&st_heap_life_lock);
 	/* No other thread inside a heap from here to st_guard_end. */
 	st_guard_begin();
-	pthread_mutex_lock(&st_ctx_lock);
+	st_lock(&st_ctx_lock);
 	for (size_t i = 0; i < ctx_count; i++) {
 		if (match(ctx_list[i], arg)) {
 			e = ctx_list[i];
@@ -466,7 +548,7 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 		e->heap = NULL;
 		e->failed = true;
 	}
-	pthread_mutex_unlock(&st_ctx_lock);
+	st_unlock(&st_ctx_lock);
 	if (!e) {
 		st_guard_end();
 		pthread_rwlock_unlock(&st_heap_life_lock);

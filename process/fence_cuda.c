@@ -33,6 +33,7 @@
 
 #include "common/log.h"
 #include "process/process.h"
+#include "process/process_internal.h"
 
 struct cuda_fence {
 	CUevent event;
@@ -230,6 +231,7 @@ static int fence_record(void *ctx, emm_stream_t key, uint64_t *ret_event)
 	CUresult r;
 	bool pushed;
 
+	st_assert_unlocked("cuEventRecord (a fence op)");
 	if (EMM_STREAM_IS_HANDLE(key)) {
 		CUcontext owner = emm_state_stream_context(key);
 		if (owner && owner != pool->ctx) {
@@ -276,6 +278,7 @@ static int fence_query(void *ctx, uint64_t event)
 	struct cuda_fence *f = (struct cuda_fence *)(uintptr_t)event;
 	CUresult r;
 
+	st_assert_unlocked("cuEventQuery (a fence op)");
 	(void)ctx;
 	if (!f || pool_gone(f->pool) || !real->cuEventQuery)
 		return 0;
@@ -302,6 +305,7 @@ static int fence_stream_wait(void *ctx, emm_stream_t key, uint64_t event)
 	struct cuda_fence *f = (struct cuda_fence *)(uintptr_t)event;
 	CUresult r;
 
+	st_assert_unlocked("cuStreamWaitEvent (a fence op)");
 	(void)ctx;
 	if (!f || pool_gone(f->pool))
 		return 0;
@@ -321,6 +325,7 @@ static int fence_synchronize(void *ctx, uint64_t event)
 	struct cuda_fence *f = (struct cuda_fence *)(uintptr_t)event;
 	CUresult r;
 
+	st_assert_unlocked("cuEventSynchronize (a fence op)");
 	(void)ctx;
 	if (!f || pool_gone(f->pool) || !real->cuEventSynchronize)
 		return 0;
@@ -345,6 +350,7 @@ static void fence_release(void *ctx, uint64_t event)
 
 static int fence_device_synchronize(void *ctx)
 {
+	st_assert_unlocked("cuCtxSynchronize (a fence op)");
 	return ctx_sync(ctx);
 }
 

@@ -34,8 +34,30 @@ static int host_seg_free(void *state, emm_addr_t addr, size_t size, emm_stream_t
 	return st_segment_free(src->entry, true, addr, size, stream);
 }
 
+struct pinned_publish {
+	struct ctx_entry *entry;
+	unsigned flags;
+	emm_heap_t *heap;   /* the one built */
+	emm_heap_t *winner; /* the one in the entry afterwards */
+};
+
+/* st_ctx_lock held. */
+static void publish_pinned_locked(void *arg)
+{
+	struct pinned_publish *p = arg;
+	emm_heap_t *cur = atomic_load_explicit(&p->entry->pinned[p->flags], memory_order_relaxed);
+
+	if (!cur) {
+		atomic_store_explicit(&p->entry->pinned[p->flags], p->heap, memory_order_release);
+		atomic_store(&have_pinned, true);
+		cur = p->heap;
+	}
+	p->winner = cur;
+}
+
 int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap)
 {
+	struct pinned_publish pa;
 	const struct emm_backend *b;
 	struct emm_heap_params params;
 	struct emm_segment_source src;
@@ -60,26 +82,25 @@ int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap)
 		return 0;
 	}
 
-	pthread_mutex_lock(&st_ctx_lock);
-	heap = atomic_load_explicit(&e->pinned[flags], memory_order_relaxed);
-	if (!heap) {
-		st_heap_params(&params);
-		/* The program writes pinned blocks from the host: reuse only after
-		 * the free's fence events complete. */
-		params.host_accessible = true;
-		src.state = &e->pinned_src[flags];
-		src.alloc = host_seg_alloc;
-		src.free = host_seg_free;
-		ret = emm_heap_create(&params, &src, &e->fence, -2, &heap);
-		if (ret == 0) {
-			st_announce_streams(heap, e->ctx);
-			atomic_store_explicit(&e->pinned[flags], heap, memory_order_release);
-			atomic_store(&have_pinned, true);
-		}
+	/* Built with no lock held (heap calls), published under st_ctx_lock
+	 * unless another thread's heap for the flag set got there first. */
+	st_heap_params(&params);
+	/* The program writes pinned blocks from the host: reuse only after
+	 * the free's fence events complete. */
+	params.host_accessible = true;
+	src.state = &e->pinned_src[flags];
+	src.alloc = host_seg_alloc;
+	src.free = host_seg_free;
+	ret = emm_heap_create(&params, &src, &e->fence, -2, &heap);
+	if (ret < 0)
+		return ret;
+	pa = (struct pinned_publish){e, flags, heap, NULL};
+	if (st_publish_heap(heap, e->ctx, publish_pinned_locked, &pa) < 0 || pa.winner != heap) {
+		emm_heap_destroy(heap, false); /* new and empty: nothing to give back */
+		if (!pa.winner)
+			return -ENOMEM;
+		heap = pa.winner;
 	}
-	pthread_mutex_unlock(&st_ctx_lock);
-	if (!heap)
-		return ret < 0 ? ret : -ENOMEM;
 	*ret_heap = heap;
 	return 0;
 }

@@ -45,6 +45,63 @@
 #define PINNED_FLAG_SETS 8u /* PORTABLE | DEVICEMAP | WRITECOMBINED */
 #define MAX_DEVICES      64
 
+/* --- the lock rule ------------------------------------------------------ */
+
+/*
+ * No lock of the process layer (st_ctx_lock, the stream registry, the
+ * capture lock) is held across a driver call or a heap call: a driver call
+ * can block or re-enter (callbacks, tools such as compute-sanitizer), and a
+ * heap call may reach the driver through the fence ops or the backend.
+ * Those locks are taken through st_lock()/st_unlock() (and the rwlock
+ * forms), which count per thread in a debug build; st_assert_unlocked(what)
+ * stands before every such call and aborts with a message when a lock is
+ * held. st_heap_life_lock is the exception by design: it is the heap
+ * guard's teardown side, held shared around heap walks.
+ */
+#ifndef NDEBUG
+extern EMM_TLS_IE int st_locks_held;
+__attribute__((cold, noreturn)) void st_lock_violation(const char *what);
+#define st_lock_count(d) ((void)(st_locks_held += (d)))
+#define st_assert_unlocked(what)                                                                           \
+	do {                                                                                               \
+		if (EMM_UNLIKELY(st_locks_held != 0))                                                      \
+			st_lock_violation(what);                                                           \
+	} while (0)
+#else
+#define st_lock_count(d) ((void)0)
+#define st_assert_unlocked(what) ((void)0)
+#endif
+
+static inline void st_lock(pthread_mutex_t *m)
+{
+	pthread_mutex_lock(m);
+	st_lock_count(1);
+}
+
+static inline void st_unlock(pthread_mutex_t *m)
+{
+	st_lock_count(-1);
+	pthread_mutex_unlock(m);
+}
+
+static inline void st_rdlock(pthread_rwlock_t *l)
+{
+	pthread_rwlock_rdlock(l);
+	st_lock_count(1);
+}
+
+static inline void st_wrlock(pthread_rwlock_t *l)
+{
+	pthread_rwlock_wrlock(l);
+	st_lock_count(1);
+}
+
+static inline void st_rwunlock(pthread_rwlock_t *l)
+{
+	st_lock_count(-1);
+	pthread_rwlock_unlock(l);
+}
+
 /* --- state.c: initialisation, backend, exit ----------------------------- */
 
 extern atomic_bool st_init_done; /* state_init has finished */
@@ -194,8 +251,15 @@ void st_pinned_fork_child(void);
 
 /* --- streams.c ----------------------------------------------------------- */
 
-/* Announce every live stream of the context to a new heap. */
-void st_announce_streams(emm_heap_t *heap, CUcontext ctx);
+/*
+ * Make a new heap of `ctx`, which no other thread sees yet, known: announce
+ * the context's live streams to it (heap calls, no lock held), then call
+ * publish_locked(arg) under st_ctx_lock - but only once no stream was
+ * created or destroyed since the announcement (else announce again), so
+ * every stream is either announced here or finds the published heap
+ * itself. 0, or -ENOMEM (nothing published).
+ */
+int st_publish_heap(emm_heap_t *heap, CUcontext ctx, void (*publish_locked)(void *arg), void *arg);
 /* Forget every stream of a context. */
 void st_stream_remove_context(CUcontext ctx);
 void st_streams_fork_child(void);

@@ -16,6 +16,7 @@
 #include "allocator/trace.h"
 #include "common/log.h"
 #include "process/process.h"
+#include "process/process_internal.h"
 
 static void trace(enum emm_trace_action action, emm_addr_t addr, size_t size, const void *stream)
 {
@@ -28,7 +29,10 @@ static int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const voi
                       emm_addr_t *ret_addr)
 {
 	emm_addr_t addr;
-	int r = emm_heap_alloc(heap, size, key, &addr);
+	int r;
+
+	st_assert_unlocked("emm_heap_alloc");
+	r = emm_heap_alloc(heap, size, key, &addr);
 
 	if (r == 0) {
 		/* A graph being captured may use it (capture.c). */
@@ -91,6 +95,7 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 
 	if (addr == 0)
 		return -ENOENT;
+	st_assert_unlocked("a free of a libemm block");
 	emm_state_enter();
 	r = emm_state_free_block(addr, key, pinned, &requested);
 	emm_state_leave();

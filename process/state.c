@@ -60,6 +60,15 @@ atomic_bool st_exiting;
 static EMM_TLS_IE bool tls_in_init;
 
 const struct emm_options *st_opts;
+#ifndef NDEBUG
+EMM_TLS_IE int st_locks_held;
+
+void st_lock_violation(const char *what)
+{
+	emm_error("internal: %s with a process-layer lock held (%d): lock order broken", what, st_locks_held);
+	abort();
+}
+#endif
 struct emm_backend_loaded st_backend;
 struct emm_backend_host st_host;
 

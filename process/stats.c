@@ -123,11 +123,12 @@ void emm_state_for_each_heap(void (*fn)(emm_heap_t *heap, int device, void *arg)
 	if (!atomic_load_explicit(&st_init_done, memory_order_acquire) || !st_enabled)
 		return;
 	pthread_rwlock_rdlock(&st_heap_life_lock);
-	pthread_mutex_lock(&st_ctx_lock);
+	st_lock(&st_ctx_lock);
 	refs = st_snapshot_locked(&n);
-	pthread_mutex_unlock(&st_ctx_lock);
+	st_unlock(&st_ctx_lock);
 	for (size_t i = 0; i < n; i++) {
 		bool pushed = push && !st_is_exiting() ? st_push_ctx(refs[i].ctx) : false;
+		st_assert_unlocked("a walk over the heaps");
 		fn(refs[i].heap, refs[i].device, arg);
 		st_pop_ctx(pushed);
 	}
@@ -144,9 +145,9 @@ size_t emm_state_idle_bytes_current_device(void)
 	if (st_current_entry(&e, false) < 0)
 		return 0;
 	pthread_rwlock_rdlock(&st_heap_life_lock);
-	pthread_mutex_lock(&st_ctx_lock);
+	st_lock(&st_ctx_lock);
 	refs = st_snapshot_locked(&n);
-	pthread_mutex_unlock(&st_ctx_lock);
+	st_unlock(&st_ctx_lock);
 	for (size_t i = 0; i < n; i++) {
 		size_t idle = 0, largest = 0;
 		if (refs[i].device != e->device)

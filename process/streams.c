@@ -9,6 +9,7 @@
  * streams already alive in its context (it records fences on them), and
  * so that a context's teardown forgets its streams.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -66,6 +67,8 @@ struct stream_node {
 
 static pthread_rwlock_t stream_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct stream_node *stream_buckets[STREAM_BUCKETS];
+/* Bumped under stream_lock by every insert and removal (st_publish_heap). */
+static atomic_uint_fast64_t stream_generation;
 
 static unsigned stream_bucket(emm_stream_t key)
 {
@@ -76,7 +79,7 @@ static void stream_insert(emm_stream_t key, CUcontext ctx, bool nonblocking)
 {
 	struct stream_node *n, **head = &stream_buckets[stream_bucket(key)];
 
-	pthread_rwlock_wrlock(&stream_lock);
+	st_wrlock(&stream_lock);
 	for (n = *head; n; n = n->next)
 		if (n->key == key)
 			break;
@@ -92,7 +95,8 @@ static void stream_insert(emm_stream_t key, CUcontext ctx, bool nonblocking)
 		n->ctx = ctx;
 		n->nonblocking = nonblocking;
 	}
-	pthread_rwlock_unlock(&stream_lock);
+	atomic_fetch_add(&stream_generation, 1);
+	st_rwunlock(&stream_lock);
 }
 
 /* Remove a stream; its context (NULL if unknown). */
@@ -101,7 +105,7 @@ static CUcontext stream_remove(emm_stream_t key)
 	struct stream_node **link, *n = NULL;
 	CUcontext ctx = NULL;
 
-	pthread_rwlock_wrlock(&stream_lock);
+	st_wrlock(&stream_lock);
 	for (link = &stream_buckets[stream_bucket(key)]; *link; link = &(*link)->next) {
 		if ((*link)->key == key) {
 			n = *link;
@@ -109,7 +113,8 @@ static CUcontext stream_remove(emm_stream_t key)
 			break;
 		}
 	}
-	pthread_rwlock_unlock(&stream_lock);
+	atomic_fetch_add(&stream_generation, 1);
+	st_rwunlock(&stream_lock);
 	if (n) {
 		ctx = n->ctx;
 		free(n);
@@ -119,7 +124,7 @@ static CUcontext stream_remove(emm_stream_t key)
 
 void st_stream_remove_context(CUcontext ctx)
 {
-	pthread_rwlock_wrlock(&stream_lock);
+	st_wrlock(&stream_lock);
 	for (unsigned b = 0; b < STREAM_BUCKETS; b++) {
 		struct stream_node **link = &stream_buckets[b];
 		while (*link) {
@@ -132,7 +137,7 @@ void st_stream_remove_context(CUcontext ctx)
 			}
 		}
 	}
-	pthread_rwlock_unlock(&stream_lock);
+	st_rwunlock(&stream_lock);
 }
 
 CUcontext emm_state_stream_context(emm_stream_t key)
@@ -142,25 +147,94 @@ CUcontext emm_state_stream_context(emm_stream_t key)
 
 	if (!EMM_STREAM_IS_HANDLE(key))
 		return NULL;
-	pthread_rwlock_rdlock(&stream_lock);
+	st_rdlock(&stream_lock);
 	for (n = stream_buckets[stream_bucket(key)]; n; n = n->next) {
 		if (n->key == key) {
 			ctx = n->ctx;
 			break;
 		}
 	}
-	pthread_rwlock_unlock(&stream_lock);
+	st_rwunlock(&stream_lock);
 	return ctx;
 }
 
-void st_announce_streams(emm_heap_t *heap, CUcontext ctx)
+/* The live streams of ctx (caller frees *ret_keys). 0 or -ENOMEM. */
+struct stream_snapshot {
+	size_t n;
+	emm_stream_t *keys;
+	bool *nonblocking;
+};
+
+static int snapshot_streams(CUcontext ctx, struct stream_snapshot *ret)
 {
-	pthread_rwlock_rdlock(&stream_lock);
+	struct stream_snapshot s = {0, NULL, NULL};
+	size_t cap = 0;
+
+	st_rdlock(&stream_lock);
 	for (unsigned b = 0; b < STREAM_BUCKETS; b++)
 		for (struct stream_node *n = stream_buckets[b]; n; n = n->next)
-			if (n->ctx == ctx)
-				emm_heap_stream_created(heap, n->key, n->nonblocking);
-	pthread_rwlock_unlock(&stream_lock);
+			cap += n->ctx == ctx;
+	if (cap) {
+		s.keys = malloc(cap * (sizeof(*s.keys) + sizeof(*s.nonblocking)));
+		if (!s.keys) {
+			st_rwunlock(&stream_lock);
+			return -ENOMEM;
+		}
+		s.nonblocking = (bool *)(s.keys + cap);
+		for (unsigned b = 0; b < STREAM_BUCKETS; b++)
+			for (struct stream_node *n = stream_buckets[b]; n; n = n->next)
+				if (n->ctx == ctx) {
+					s.keys[s.n] = n->key;
+					s.nonblocking[s.n++] = n->nonblocking;
+				}
+	}
+	st_rwunlock(&stream_lock);
+	*ret = s;
+	return 0;
+}
+
+static bool snapshot_has(const struct stream_snapshot *s, emm_stream_t key)
+{
+	for (size_t i = 0; i < s->n; i++)
+		if (s->keys[i] == key)
+			return true;
+	return false;
+}
+
+int st_publish_heap(emm_heap_t *heap, CUcontext ctx, void (*publish_locked)(void *arg), void *arg)
+{
+	struct stream_snapshot prev = {0, NULL, NULL}, cur;
+
+	for (;;) {
+		uint64_t gen = atomic_load(&stream_generation);
+
+		if (snapshot_streams(ctx, &cur) < 0) {
+			free(prev.keys);
+			return -ENOMEM;
+		}
+		/* Heap calls with no lock held: streams gone since the last
+		 * round are forgotten, the live ones announced (idempotent). */
+		st_assert_unlocked("announcing streams to a new heap");
+		for (size_t i = 0; i < prev.n; i++)
+			if (!snapshot_has(&cur, prev.keys[i]))
+				emm_heap_stream_destroyed(heap, prev.keys[i]);
+		for (size_t i = 0; i < cur.n; i++)
+			emm_heap_stream_created(heap, cur.keys[i], cur.nonblocking[i]);
+		free(prev.keys);
+		prev = cur;
+		/* emm_state_stream_created inserts under st_ctx_lock too: a
+		 * stream inserted before this point changed the generation, one
+		 * inserted after finds the heap published. */
+		st_lock(&st_ctx_lock);
+		if (atomic_load(&stream_generation) == gen) {
+			publish_locked(arg);
+			st_unlock(&st_ctx_lock);
+			break;
+		}
+		st_unlock(&st_ctx_lock);
+	}
+	free(prev.keys);
+	return 0;
 }
 
 void st_streams_fork_child(void)
@@ -197,10 +271,10 @@ void emm_state_stream_created(CUstream stream, bool nonblocking)
 	/* Insert and look up under st_ctx_lock, so a heap created concurrently
 	 * either sees the stream in its announcement or is seen here (never
 	 * both). */
-	pthread_mutex_lock(&st_ctx_lock);
+	st_lock(&st_ctx_lock);
 	stream_insert(key, ctx, nonblocking);
 	n = st_heaps_of_context_locked(ctx, heaps);
-	pthread_mutex_unlock(&st_ctx_lock);
+	st_unlock(&st_ctx_lock);
 	/* A new non-blocking stream is not ordered by the legacy-stream
 	 * markers of epochs already closed: the heap makes it wait on the
 	 * latest one as it learns of it, so blocks released before the stream
@@ -210,24 +284,51 @@ void emm_state_stream_created(CUstream stream, bool nonblocking)
 	emm_state_leave();
 }
 
-void emm_state_stream_destroyed(CUstream stream)
+/* The heaps of the context `stream` belongs to (its registry entry, else
+ * the current context); 0 when none. */
+static size_t heaps_of_stream(emm_stream_t key, emm_heap_t **heaps)
+{
+	CUcontext ctx = emm_state_stream_context(key);
+	size_t n;
+
+	if (!ctx)
+		ctx = current_context();
+	if (!ctx)
+		return 0;
+	st_lock(&st_ctx_lock);
+	n = st_heaps_of_context_locked(ctx, heaps);
+	st_unlock(&st_ctx_lock);
+	return n;
+}
+
+void emm_state_stream_destroying(CUstream stream)
 {
 	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
 	emm_stream_t key = emm_state_stream_key(stream, false);
-	CUcontext ctx;
 	size_t n;
 
 	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
-	ctx = stream_remove(key);
-	if (!ctx)
-		ctx = current_context();
-	if (!ctx)
+	/* While the stream still lives: its ready blocks get a marker
+	 * recorded on it. The stream stays registered (the destroy may fail). */
+	emm_state_enter();
+	n = heaps_of_stream(key, heaps);
+	for (size_t i = 0; i < n; i++)
+		emm_heap_stream_fence(heaps[i], key);
+	emm_state_leave();
+}
+
+void emm_state_stream_destroyed(CUstream stream)
+{
+	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
+	emm_stream_t key = emm_state_stream_key(stream, false);
+	size_t n;
+
+	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
 	emm_state_enter();
-	pthread_mutex_lock(&st_ctx_lock);
-	n = st_heaps_of_context_locked(ctx, heaps);
-	pthread_mutex_unlock(&st_ctx_lock);
+	n = heaps_of_stream(key, heaps);
+	(void)stream_remove(key);
 	for (size_t i = 0; i < n; i++)
 		emm_heap_stream_destroyed(heaps[i], key);
 	emm_state_leave();

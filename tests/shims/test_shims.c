@@ -352,6 +352,35 @@ TEST_BEGIN(test_fence_blocks_reuse_until_events_complete)
 }
 TEST_END
 
+/* A destroy the driver refuses leaves the stream alive, and libemm must keep
+ * fencing it: its epoch markers still guard blocks its work may touch. */
+TEST_BEGIN(test_failed_stream_destroy_keeps_stream)
+{
+	struct emm_stats st0, st1;
+	CUstream s;
+	CUdeviceptr a;
+
+	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(fakecuda_fail_next_call("cuStreamDestroy_v2", CUDA_ERROR_INVALID_HANDLE, 1), 0);
+	expect_int_eq(cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+	/* s lives on: every epoch closed now records a marker on it as well as
+	 * on the legacy stream (the only non-blocking stream alive is s). */
+	assert_int_eq(shims_stats(-1, &st0), 0);
+	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
+	free_and_close_epoch(a);
+	assert_int_eq(shims_stats(-1, &st1), 0);
+	expect_true(st1.epochs_closed > st0.epochs_closed);
+	expect_u64_eq(st1.events_recorded - st0.events_recorded, 2 * (st1.epochs_closed - st0.epochs_closed));
+	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+	/* Destroyed for real: forgotten, the legacy marker alone. */
+	assert_int_eq(shims_stats(-1, &st0), 0);
+	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
+	free_and_close_epoch(a);
+	assert_int_eq(shims_stats(-1, &st1), 0);
+	expect_u64_eq(st1.events_recorded - st0.events_recorded, st1.epochs_closed - st0.epochs_closed);
+}
+TEST_END
+
 TEST_BEGIN(test_fence_without_nonblocking_streams_reuses_at_once)
 {
 	CUdeviceptr a, b;
@@ -835,7 +864,7 @@ int main(int argc, char **argv)
 	    test_data_integrity, test_address_range_of_blocks, test_pointer_attributes, test_pinned_cached,
 	    test_register_managed_passthrough_counted, test_pitch_pooled, test_streams_async,
 	    test_fence_blocks_reuse_until_events_complete,
-	    test_fence_without_nonblocking_streams_reuses_at_once,
+	    test_fence_without_nonblocking_streams_reuses_at_once, test_failed_stream_destroy_keeps_stream,
 	    test_new_nonblocking_stream_waits_on_last_fence, test_steady_state_costs, test_capture,
 	    test_meminfo_counts_idle_cache, test_release_idle, test_ipc_sub_allocated_refused,
 	    test_oom_and_retry, test_bad_frees_counted, test_threads, test_fork_child_starts_empty,
