@@ -141,7 +141,10 @@ static const char *const free_mode_names[] = {
 	  "Serve cudaMalloc and cudaFree of shared-cudart programs directly")                         \
 	/* 0: one arena per CPU, at most 8, rounded down to a power of two. */                        \
 	X(ARENAS, arenas, UINT, U(0), "", RANGE(0, 64),                                               \
-	  "Small-pool arenas per heap that threads spread over (0: one per CPU, at most 8)")
+	  "Small-pool arenas per heap that threads spread over (0: one per CPU, at most 8)")          \
+	X(TEARDOWN_WAIT, teardown_wait, UINT, U(2000), "ms", RANGE(0, 600000),                        \
+	  "How long a context teardown waits for threads still inside libemm; past it their heaps "   \
+	  "are left to them, not freed")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

@@ -56,6 +56,7 @@ struct emm_options {
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
 	unsigned arenas;	   /* EMM_ARENAS: small-pool arenas per heap (0: one per CPU, <= 8) */
+	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 };
 
 /* Row ids, in table order. */
@@ -81,6 +82,7 @@ enum emm_option_id {
 	EMM_OPT_PINNED,
 	EMM_OPT_RUNTIME_SHIMS,
 	EMM_OPT_ARENAS,
+	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT__COUNT
 };
 

@@ -513,7 +513,7 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 	struct ctx_entry *e = NULL;
 	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
 	size_t n = 0;
-	bool any = false;
+	bool any = false, all_out;
 
 	if (st_is_exiting())
 		return false;
@@ -526,8 +526,10 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 
 	st_guard_step_out();
 	pthread_rwlock_wrlock(&st_heap_life_lock);
-	/* No other thread inside a heap from here to st_guard_end. */
-	st_guard_begin();
+	/* No other thread inside a heap from here to st_guard_end - unless one
+	 * stayed inside past EMM_TEARDOWN_WAIT: its heaps are then unlinked but
+	 * left alive for it (leaked; the driver frees the context's memory). */
+	all_out = st_guard_begin(st_opts->teardown_wait);
 	st_lock(&st_ctx_lock);
 	for (size_t i = 0; i < ctx_count; i++) {
 		if (match(ctx_list[i], arg)) {
@@ -558,16 +560,25 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 
 	emm_debug("dropping the heaps of context %p (device %d)", (void *)e->ctx, e->device);
 	emm_fence_pool_drop(e->ctx);
+	if (!all_out)
+		emm_warn("context %p: a thread is still inside libemm after %u ms (EMM_TEARDOWN_WAIT); its %zu "
+		         "heap(s) are left to it, not freed",
+		         (void *)e->ctx, st_opts->teardown_wait, n);
 	for (size_t i = 0; i < n; i++) {
 		st_stats_retire(heaps[i]);
-		emm_heap_destroy(heaps[i], false);
+		if (all_out)
+			emm_heap_destroy(heaps[i], false);
 	}
 	st_guard_end();
 	pthread_rwlock_unlock(&st_heap_life_lock);
 	st_guard_step_in();
-	if (e->backend_state && st_backend.table->fini)
-		st_backend.table->fini(e->backend_state, false);
-	e->backend_state = NULL;
+	/* The backend state goes too - unless a thread inside may still be
+	 * calling the backend with it. */
+	if (all_out) {
+		if (e->backend_state && st_backend.table->fini)
+			st_backend.table->fini(e->backend_state, false);
+		e->backend_state = NULL;
+	}
 	st_stream_remove_context(e->ctx);
 	/* Its captures and graphs went with it; quarantined blocks of these
 	 * heaps are forgotten (the pointers are only compared). */

@@ -10,7 +10,12 @@
  * that touches a heap runs between emm_state_enter and emm_state_leave,
  * which publish "this thread is inside" in a per-thread slot; the thread
  * tearing down raises `dropping`, waits until no other thread is inside,
- * destroys, and lowers it; threads arriving meanwhile wait at the door. The
+ * destroys, and lowers it; threads arriving meanwhile wait at the door.
+ * The wait is bounded (EMM_TEARDOWN_WAIT): a thread stuck inside (in a
+ * driver call that waits on the tearing-down thread, say) must not stall
+ * the teardown, usually an exit, for ever. Past the bound the teardown
+ * leaves the heaps to the threads inside - unlinked, never destroyed, their
+ * memory the driver's to reclaim with the context - and says so. The
  * hot path is a store, a barrier and a load: with membarrier(2) (private
  * expedited) the barrier is a compiler barrier and the teardown pays the
  * full fence for every thread; without it, a full fence on each entry.
@@ -22,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/compiler.h"
@@ -157,10 +163,21 @@ void st_guard_step_in(void)
 		guard_publish(tls_slot);
 }
 
-/* Wait until no other thread is inside a heap; new arrivals wait until
- * st_guard_end. The caller is outside (st_guard_step_out). */
-void st_guard_begin(void)
+static uint64_t now_ns(void)
 {
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Wait until no other thread is inside a heap, at most `wait_ms`; new
+ * arrivals wait until st_guard_end. The caller is outside
+ * (st_guard_step_out). False when a thread is still inside at the end. */
+bool st_guard_begin(unsigned wait_ms)
+{
+	uint64_t deadline = now_ns() + (uint64_t)wait_ms * 1000000u;
+
 	atomic_fetch_add(&guard_dropping, 1);
 	if (guard_asymmetric)
 		(void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
@@ -169,9 +186,13 @@ void st_guard_begin(void)
 	for (struct guard_slot *slot = atomic_load(&guard_slots); slot; slot = slot->next) {
 		if (slot == tls_slot)
 			continue;
-		while (atomic_load_explicit(&slot->active, memory_order_acquire) != 0)
+		while (atomic_load_explicit(&slot->active, memory_order_acquire) != 0) {
+			if (now_ns() >= deadline)
+				return false;
 			sched_yield();
+		}
 	}
+	return true;
 }
 
 void st_guard_end(void)

@@ -162,9 +162,11 @@ void st_guard_setup(void);
  * after. */
 void st_guard_step_out(void);
 void st_guard_step_in(void);
-/* Wait until no other thread is inside a heap; new arrivals wait until
- * st_guard_end. The caller is outside (st_guard_step_out). */
-void st_guard_begin(void);
+/* Wait until no other thread is inside a heap, at most wait_ms; new
+ * arrivals wait until st_guard_end. The caller is outside
+ * (st_guard_step_out). False when a thread is still inside at the end:
+ * the caller must then not destroy what that thread may be using. */
+bool st_guard_begin(unsigned wait_ms);
 void st_guard_end(void);
 void st_guard_fork_child(void);
 

@@ -95,7 +95,8 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->roundup_divisions == b->roundup_divisions && a->release_threshold == b->release_threshold &&
 	       a->oom_retry == b->oom_retry && a->free_mode == b->free_mode && a->epoch_blocks == b->epoch_blocks &&
 	       a->epoch_bytes == b->epoch_bytes && a->meminfo_cached == b->meminfo_cached &&
-	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas;
+	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas &&
+	       a->teardown_wait == b->teardown_wait;
 }
 
 /* ------------------------------------------------------------------------
@@ -121,6 +122,7 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_int_eq(o->free_mode, EMM_OPT_FREE_FENCE);
 	expect_int_eq(o->epoch_blocks, 32);
 	expect_int_eq(o->arenas, 0);
+	expect_int_eq(o->teardown_wait, 2000);
 	expect_u64_eq(o->epoch_bytes, 64u << 20);
 	expect_true(o->meminfo_cached);
 	expect_true(o->pinned);
@@ -175,6 +177,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_PINNED=0",
 		"EMM_RUNTIME_SHIMS=NO",
 		"EMM_ARENAS=4",
+		"EMM_TEARDOWN_WAIT=250",
 		NULL,
 	};
 	struct parsed p;
@@ -198,6 +201,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_int_eq(p.o.roundup_divisions, 8);
 	expect_u64_eq(p.o.release_threshold, 0);
 	expect_false(p.o.oom_retry);
+	expect_int_eq(p.o.teardown_wait, 250);
 	expect_int_eq(p.o.free_mode, EMM_OPT_FREE_STREAM);
 	expect_int_eq(p.o.epoch_blocks, 65536);
 	expect_u64_eq(p.o.epoch_bytes, (uint64_t)1 << 40);
@@ -219,7 +223,7 @@ TEST_BEGIN(test_option_names)
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",
+		"ARENAS",	 "TEARDOWN_WAIT",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 

@@ -7,6 +7,7 @@
 #include "fake.h"
 
 #include <errno.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +30,46 @@ static _Atomic unsigned fn_fail_count[FN_COUNT_];
 static _Atomic int fn_fail_error[FN_COUNT_];
 static _Atomic uint64_t failures_injected;
 
+static int fn_index(const char *name);
+static _Atomic int fn_hold[FN_COUNT_];
+static atomic_int held_waiting, held_release;
+
+/* Park the calling thread (outside the fake's lock) until released. */
+static void hold_here(void)
+{
+	atomic_store(&held_waiting, 1);
+	while (!atomic_load(&held_release))
+		sched_yield();
+	atomic_store(&held_release, 0);
+	atomic_store(&held_waiting, 0);
+}
+
+FAKECUDA_API int fakecuda_hold_next_call(const char *name)
+{
+	int i = fn_index(name);
+	if (i < 0)
+		return -1;
+	atomic_store(&held_release, 0);
+	atomic_store(&fn_hold[i], 1);
+	return 0;
+}
+
+FAKECUDA_API int fakecuda_held_waiting(void)
+{
+	return atomic_load(&held_waiting);
+}
+
+FAKECUDA_API void fakecuda_release_held(void)
+{
+	atomic_store(&held_release, 1);
+}
+
 CUresult fake_enter(enum fake_fn fn)
 {
 	atomic_fetch_add_explicit(&fn_calls[fn], 1, memory_order_relaxed);
+	if (__builtin_expect(atomic_load_explicit(&fn_hold[fn], memory_order_relaxed), 0) &&
+	    atomic_exchange(&fn_hold[fn], 0))
+		hold_here();
 	unsigned n = atomic_load_explicit(&fn_fail_count[fn], memory_order_relaxed);
 	while (n > 0) {
 		if (atomic_compare_exchange_weak(&fn_fail_count[fn], &n, n - 1)) {

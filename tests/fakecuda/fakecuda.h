@@ -73,6 +73,14 @@ FAKECUDA_API void fakecuda_fail_next_alloc(unsigned int count);
  * Returns 0, or -1 if the fake exports no such entry point. */
 FAKECUDA_API int fakecuda_fail_next_call(const char *name, CUresult error, unsigned int count);
 
+/* The next call of the entry point exported as `name` parks its thread
+ * (before doing anything, holding no lock of the fake) until
+ * fakecuda_release_held(); fakecuda_held_waiting() is 1 while a thread is
+ * parked. Returns 0, or -1 if the fake exports no such entry point. */
+FAKECUDA_API int fakecuda_hold_next_call(const char *name);
+FAKECUDA_API int fakecuda_held_waiting(void);
+FAKECUDA_API void fakecuda_release_held(void);
+
 /* Number of calls of the entry point exported as `name` since the last
  * reset (injected failures included), or 0 for a name the fake does not
  * export. Use fakecuda_known_function to tell the two apart. */

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -705,6 +706,52 @@ static int mode_trace(void)
 }
 
 /* Last: tears the contexts down. */
+/* A thread stuck inside libemm (here: parked in the driver's cuMemAlloc,
+ * under the backend's segment allocation) must not stall a context
+ * teardown for ever: past EMM_TEARDOWN_WAIT (2 s by default) the teardown
+ * goes on and leaves the context's heaps to that thread. */
+struct stuck_arg {
+	CUcontext ctx;
+	CUresult result;
+};
+
+static void *stuck_alloc(void *p)
+{
+	struct stuck_arg *a = p;
+	CUdeviceptr d;
+
+	(void)cuCtxSetCurrent(a->ctx);
+	a->result = cuMemAlloc(&d, (size_t)64 << 20); /* a miss: a new segment */
+	return NULL;
+}
+
+TEST_BEGIN(test_teardown_wait_is_bounded)
+{
+	struct stuck_arg a = {NULL, CUDA_SUCCESS};
+	CUdevice dev;
+	CUdeviceptr d;
+	pthread_t t;
+
+	assert_int_eq(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+	assert_int_eq(cuCtxCreate(&a.ctx, NULL, 0, dev), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS); /* the heap exists */
+	assert_int_eq(fakecuda_hold_next_call("cuMemAlloc_v2"), 0);
+	assert_int_eq(pthread_create(&t, NULL, stuck_alloc, &a), 0);
+	while (!fakecuda_held_waiting())
+		sched_yield();
+	/* Returns (after the bound) although the other thread is inside. */
+	expect_int_eq(cuCtxDestroy(a.ctx), CUDA_SUCCESS);
+	fakecuda_release_held();
+	pthread_join(t, NULL);
+	/* The stuck call finishes on a heap that was left to it: the driver's
+	 * answer for a destroyed context, no crash. */
+	expect_true(a.result != CUDA_SUCCESS);
+	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&d, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+TEST_END
+
 TEST_BEGIN(test_context_teardown)
 {
 	CUdevice dev;
@@ -868,5 +915,5 @@ int main(int argc, char **argv)
 	    test_new_nonblocking_stream_waits_on_last_fence, test_steady_state_costs, test_capture,
 	    test_meminfo_counts_idle_cache, test_release_idle, test_ipc_sub_allocated_refused,
 	    test_oom_and_retry, test_bad_frees_counted, test_threads, test_fork_child_starts_empty,
-	    test_trace_file, test_context_teardown, NULL);
+	    test_trace_file, test_context_teardown, test_teardown_wait_is_bounded, NULL);
 }
