@@ -248,8 +248,10 @@ int emm_backend_load(const char *name, emm_symbol_lookup_fn lookup, struct emm_b
 		emm_error("backend: no backend name given");
 		return -EINVAL;
 	}
-	if (!lookup)
-		lookup = dlsym;
+	if (!lookup) {
+		emm_error("backend: no symbol lookup given");
+		return -EINVAL;
+	}
 	memset(&loaded, 0, sizeof(loaded));
 	if (!strchr(name, '/')) {
 		err = load_builtin(name, lookup, &loaded);

@@ -21,11 +21,11 @@ struct emm_backend_loaded {
 
 /* How the loader finds the entry symbol in a loaded .so: dlsym's
  * signature. libemm passes the real dlsym (its own exported dlsym is a
- * layer above the allocator); NULL means dlsym as linked. */
+ * layer above the allocator, which the allocator never calls). */
 typedef void *(*emm_symbol_lookup_fn)(void *handle, const char *name);
 
-/* 0, or -ENOENT (not found), -ENOTSUP (version), -EINVAL (bad table). The
- * reason is logged with emm_error. */
+/* 0, or -ENOENT (not found), -ENOTSUP (version), -EINVAL (bad table, no
+ * name or no lookup). The reason is logged with emm_error. */
 int emm_backend_load(const char *name, emm_symbol_lookup_fn lookup, struct emm_backend_loaded *ret);
 
 /* dlclose a backend loaded from a file and clear *loaded (tests; libemm

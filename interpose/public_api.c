@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "common/compiler.h"
-#include "allocator/trace.h"
 #include "emm/emm.h"
 #include "emm/emm_version.h"
 #include "process/process.h"
@@ -25,21 +24,9 @@ EMM_EXPORT const char *emm_version_string(void)
 
 EMM_EXPORT int emm_stats_get(int device, struct emm_stats *out)
 {
-	struct emm_stats s;
-	uint32_t caller_size;
-
 	if (!out || out->struct_size < STATS_MIN_SIZE || device < -2)
 		return -EINVAL;
-	caller_size = out->struct_size;
-	/* A statistics snapshot is also a trace flush point, so a program (or
-	 * test) that reads its counters can read a complete EMM_LOG too. */
-	emm_trace_flush();
-	memset(&s, 0, sizeof(s));
-	s.struct_size = sizeof(s);
-	s.version = EMM_STATS_VERSION;
-	emm_state_collect_stats(device, &s);
-	memcpy(out, &s, caller_size < sizeof(s) ? caller_size : sizeof(s));
-	out->struct_size = caller_size;
+	emm_state_stats_snapshot(device, out);
 	return 0;
 }
 

@@ -427,6 +427,11 @@ void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const 
  * libemm's segments but in no live block; -ENOENT not libemm's memory. */
 int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
 
+/* emm_stats_get's answer: flush the trace, then the counters of `device`
+ * into *out, as much of them as out->struct_size (>= 8) holds
+ * (stats_print.c). */
+void emm_state_stats_snapshot(int device, struct emm_stats *out);
+
 /* Give idle memory back (emm_release_idle): device -1 all, -2 pinned. 0 and
  * the bytes released; a negative errno when nothing was released and a
  * heap failed (stats_print.c). */

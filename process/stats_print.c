@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * process/stats_print.c - the EMM_STATS table printed at exit, and giving
- * idle memory back on request (emm_release_idle's work).
+ * process/stats_print.c - what the public API asks of the statistics: a
+ * snapshot for emm_stats_get (a trace flush point too), the EMM_STATS table
+ * printed at exit, and giving idle memory back on request
+ * (emm_release_idle).
  *
  * The exit table reads counters only and never calls the driver (it may
  * already be gone).
@@ -15,7 +17,24 @@
 #include "common/log.h"
 #include "emm/emm.h"
 #include "emm/emm_version.h"
+#include "allocator/trace.h"
 #include "process/process.h"
+
+void emm_state_stats_snapshot(int device, struct emm_stats *out)
+{
+	struct emm_stats s;
+	uint32_t caller_size = out->struct_size;
+
+	/* A statistics snapshot is also a trace flush point, so a program (or
+	 * test) that reads its counters can read a complete EMM_LOG too. */
+	emm_trace_flush();
+	memset(&s, 0, sizeof(s));
+	s.struct_size = sizeof(s);
+	s.version = EMM_STATS_VERSION;
+	emm_state_collect_stats(device, &s);
+	memcpy(out, &s, caller_size < sizeof(s) ? caller_size : sizeof(s));
+	out->struct_size = caller_size;
+}
 
 struct release_arg {
 	int device;
