@@ -1,55 +1,13 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * process/capture.c - stream capture as libemm sees it: the registry of
- * active captures (stream, mode, thread, context) that the fence ops and the
- * stream-ordered shims consult, and the graph quarantine, which keeps the
- * blocks a captured graph may touch away from new owners while that graph
- * can still run.
+ * process/capture.c - the registry of active stream captures (stream, mode,
+ * thread, context) that the fence ops and the stream-ordered shims consult:
+ * may an event be recorded or queried now, must a stream-ordered call go to
+ * the driver. Each capture owns a quarantine set (quarantine.c, which
+ * explains why and how): at its end the set passes to the graph it made.
  *
- * Why: a kernel captured into a graph keeps the pointers it was given. If
- * the program frees such a block during the capture (PyTorch without its
- * cache frees every intermediate during a relaxed-mode capture), the graph
- * still writes it on every replay; the real driver would have freed the
- * memory (the program's bug), but libemm must not hand the block to a new
- * owner whose data the replays would overwrite.
- *
- * How: every active capture owns a quarantine set (struct qset). A free of
- * one of libemm's blocks (cuMemFree_v2, cuMemFreeHost, cuMemFreeAsync) made
- * while ANY capture is active in the process does not reach the heap: the
- * block goes into the set of every active capture (conservative: a capture
- * on another stream, thread or context may reference the block too, e.g.
- * through peer access). Blocks allocated from the pool while a capture is
- * active are noted in the same sets ("watched"); freeing one later, while a
- * graph that may use it lives, quarantines it too (driver-shim paths only).
- *
- * At cuStreamEndCapture the set is attached to the returned CUgraph; if the
- * capture failed (no graph) the set is released at once. Graph objects
- * (struct gobj: a CUgraph or CUgraphExec holding references to sets) pass
- * their sets on to everything derived from them: cuGraphInstantiate* (every
- * exported ABI), cuGraphClone, cuGraphAddChildGraphNode and cuGraphAddNode
- * with a child graph (MOVE ownership moves the child's references to the
- * parent), cuGraphExecUpdate*, cuGraphExecChildGraphNodeSetParams and
- * cuGraphExecNodeSetParams with a child graph (the exec gains the new
- * child's sets). cuGraphNodeSetParams with a child graph names no parent we
- * can see: the child's sets are pinned until the context goes.
- *
- * The bound: a quarantined block is freed (a normal synchronous free into
- * its heap, so the epoch fence still covers a launch in flight) when every
- * graph and executable graph that holds its set has been destroyed with
- * cuGraphDestroy / cuGraphExecDestroy, or when its context is destroyed or
- * reset (then the memory is gone with the context and nothing is freed).
- * A graph the program never destroys keeps its blocks until its context
- * goes: the same memory the real driver would keep for the graph's own
- * allocation nodes. Not tracked (documented limitations): handles returned
- * by cuGraphChildGraphNodeGetGraph and conditional-node body graphs are not
- * graph objects of ours; a body graph captured into keeps its set until the
- * context goes (safe), but an object derived from an embedded child graph
- * handle is not tracked. Frees and allocations served by the shared-cudart
- * fast path (shims_runtime.c) bypass this module unless that path calls it.
- *
- * Locking: one mutex (capture_lock) over captures, sets, blocks and graph
- * objects; a leaf. Heap calls (emm_heap_find_block before it, emm_heap_free
- * of released blocks after it) are made without it.
+ * Locking: st_capture_lock, shared with quarantine.c, over captures, sets,
+ * blocks and graph objects; a leaf. Heap and driver calls are made without it.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -62,319 +20,34 @@
 #include "process/process.h"
 #include "process/process_internal.h"
 
-#define QHASH_BUCKETS   4096u
-#define QFILTER_BUCKETS 4096u
-
-struct qset;
-
-/* A block a graph may touch. */
-struct qblock {
-	struct qblock *next; /* hash chain */
-	emm_addr_t addr;
-	emm_heap_t *heap;
-	bool freed; /* the program freed it: quarantined (else watched) */
-	bool dead;  /* its context is gone: forget it, never free it */
-	unsigned nsets, capsets;
-	struct qset **sets;
-};
-
-/* The blocks one capture's graph (and everything derived) may touch. */
-struct qset {
-	unsigned refs; /* graph objects holding it, plus 1 while its capture runs */
-	uint64_t id;
-	size_t n, cap;
-	struct qblock **blocks;
-};
-
 struct capture {
 	struct capture *next;
 	emm_stream_t key;
 	CUstreamCaptureMode mode;
 	pthread_t thread;
 	CUcontext ctx;
-	struct qset *qs; /* NULL without memory: its frees are leaked instead */
+	struct st_qset *qs; /* NULL without memory: its frees are leaked instead */
 };
 
-/* A CUgraph or CUgraphExec that holds sets; handle NULL: pinned sets of ctx. */
-struct gobj {
-	struct gobj *next;
-	const void *handle;
-	bool exec;
-	CUcontext ctx;
-	size_t n, cap;
-	struct qset **sets;
-};
-
-/* Blocks to free once the lock is dropped. */
-struct release_item {
-	emm_addr_t addr;
-	emm_heap_t *heap;
-};
-
-struct release {
-	struct release_item *items;
-	size_t n, cap;
-	size_t lost; /* could not be recorded (no memory): leaked */
-};
-
-static pthread_mutex_t capture_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t st_capture_lock = PTHREAD_MUTEX_INITIALIZER;
+atomic_uint st_capture_count;
 static struct capture *captures;
 static unsigned capture_unknown; /* captures without a record (no memory): be conservative */
-static atomic_uint capture_count;
-static struct gobj *gobjs;
-static atomic_uint gobj_count;
-static struct qblock *qhash[QHASH_BUCKETS];
-/* Per address bucket: how many blocks of that bucket are in the hash. Read
- * without the lock by every free; a zero means "not quarantined/watched". */
-static atomic_uint qfilter[QFILTER_BUCKETS];
-static uint64_t qset_next_id;
-static atomic_uint_fast64_t quarantined_total, released_total;
 
-/* --- small helpers ----------------------------------------------------- */
-
-static unsigned addr_hash(emm_addr_t addr)
+bool st_captures_listed_locked(void)
 {
-	return (unsigned)(((addr >> 9) * UINT64_C(0x9E3779B97F4A7C15)) >> 40);
+	return captures != NULL;
 }
 
-static unsigned qhash_bucket(emm_addr_t addr)
+bool st_captures_active_locked(void)
 {
-	return addr_hash(addr) % QHASH_BUCKETS;
+	return captures || capture_unknown;
 }
 
-static unsigned qfilter_bucket(emm_addr_t addr)
+void st_capture_each_set_locked(void (*fn)(struct st_qset *qs, void *arg), void *arg)
 {
-	return (addr_hash(addr) >> 12) % QFILTER_BUCKETS;
-}
-
-static bool grow(void **array, size_t *cap, size_t need, size_t elem)
-{
-	size_t ncap;
-	void *p;
-
-	if (need <= *cap)
-		return true;
-	ncap = *cap ? *cap * 2 : 8;
-	while (ncap < need)
-		ncap *= 2;
-	p = realloc(*array, ncap * elem);
-	if (!p)
-		return false;
-	*array = p;
-	*cap = ncap;
-	return true;
-}
-
-static void release_add(struct release *rel, emm_addr_t addr, emm_heap_t *heap)
-{
-	if (!grow((void **)&rel->items, &rel->cap, rel->n + 1, sizeof(*rel->items))) {
-		rel->lost++;
-		return;
-	}
-	rel->items[rel->n++] = (struct release_item){addr, heap};
-}
-
-/* Free the released blocks into their heaps (no lock held): a normal
- * synchronous free, so the epoch fence covers a launch still in flight. A
- * block whose heap went meanwhile (its context was torn down while this
- * was being released) is not touched. */
-static void release_run(struct release *rel)
-{
-	size_t freed = 0;
-
-	if (rel->n)
-		emm_state_enter();
-	for (size_t i = 0; i < rel->n; i++) {
-		struct emm_block_range range;
-		size_t requested = 0;
-
-		if (emm_heap_find_block(rel->items[i].addr, &range) != 0 || range.base != rel->items[i].addr ||
-		    range.heap != rel->items[i].heap)
-			continue;
-		if (emm_heap_free(rel->items[i].addr, EMM_STREAM_SYNC, &requested) == 0)
-			freed++;
-	}
-	if (rel->n)
-		emm_state_leave();
-	if (rel->n || rel->lost) {
-		atomic_fetch_add_explicit(&released_total, freed, memory_order_relaxed);
-		emm_debug("graph quarantine: %zu blocks released into their heaps (%zu leaked for lack of memory)",
-		          freed, rel->lost);
-	}
-	free(rel->items);
-	rel->items = NULL;
-	rel->n = rel->cap = 0;
-}
-
-/* --- blocks and sets (capture_lock held) -------------------------------- */
-
-static struct qblock *qblock_find(emm_addr_t addr)
-{
-	for (struct qblock *qb = qhash[qhash_bucket(addr)]; qb; qb = qb->next)
-		if (qb->addr == addr)
-			return qb;
-	return NULL;
-}
-
-static struct qblock *qblock_new(emm_addr_t addr, emm_heap_t *heap)
-{
-	struct qblock *qb = calloc(1, sizeof(*qb));
-	unsigned b;
-
-	if (!qb)
-		return NULL;
-	qb->addr = addr;
-	qb->heap = heap;
-	b = qhash_bucket(addr);
-	qb->next = qhash[b];
-	qhash[b] = qb;
-	atomic_fetch_add_explicit(&qfilter[qfilter_bucket(addr)], 1, memory_order_release);
-	return qb;
-}
-
-static void qblock_remove(struct qblock *qb)
-{
-	struct qblock **link;
-
-	for (link = &qhash[qhash_bucket(qb->addr)]; *link; link = &(*link)->next) {
-		if (*link == qb) {
-			*link = qb->next;
-			break;
-		}
-	}
-	atomic_fetch_sub_explicit(&qfilter[qfilter_bucket(qb->addr)], 1, memory_order_release);
-	free(qb->sets);
-	free(qb);
-}
-
-/* Put qb into qs (once). False without memory. */
-static bool qset_add(struct qset *qs, struct qblock *qb)
-{
-	for (unsigned i = 0; i < qb->nsets; i++)
-		if (qb->sets[i] == qs)
-			return true;
-	if (!grow((void **)&qs->blocks, &qs->cap, qs->n + 1, sizeof(*qs->blocks)))
-		return false;
-	{
-		size_t cap = qb->capsets;
-		if (!grow((void **)&qb->sets, &cap, qb->nsets + 1u, sizeof(*qb->sets)))
-			return false;
-		qb->capsets = (unsigned)cap;
-	}
-	qs->blocks[qs->n++] = qb;
-	qb->sets[qb->nsets++] = qs;
-	return true;
-}
-
-static struct qset *qset_new(void)
-{
-	struct qset *qs = calloc(1, sizeof(*qs));
-
-	if (!qs)
-		return NULL;
-	qs->refs = 1;
-	qs->id = ++qset_next_id;
-	return qs;
-}
-
-/* Drop one reference; the last one releases the set's freed blocks. */
-static void qset_put(struct qset *qs, struct release *rel)
-{
-	if (--qs->refs > 0)
-		return;
-	for (size_t i = 0; i < qs->n; i++) {
-		struct qblock *qb = qs->blocks[i];
-		for (unsigned j = 0; j < qb->nsets; j++) {
-			if (qb->sets[j] == qs) {
-				qb->sets[j] = qb->sets[--qb->nsets];
-				break;
-			}
-		}
-		if (qb->nsets == 0) {
-			if (qb->freed && !qb->dead)
-				release_add(rel, qb->addr, qb->heap);
-			qblock_remove(qb);
-		}
-	}
-	if (qs->n)
-		emm_debug("graph quarantine: set %llu (%zu blocks) no longer referenced",
-		          (unsigned long long)qs->id, qs->n);
-	free(qs->blocks);
-	free(qs);
-}
-
-/* --- graph objects (capture_lock held) ---------------------------------- */
-
-static struct gobj *gobj_find(const void *handle, bool exec, CUcontext ctx_if_pinned)
-{
-	for (struct gobj *g = gobjs; g; g = g->next)
-		if (g->handle == handle && g->exec == exec && (handle || g->ctx == ctx_if_pinned))
-			return g;
-	return NULL;
-}
-
-static struct gobj *gobj_get(const void *handle, bool exec, CUcontext ctx)
-{
-	struct gobj *g = gobj_find(handle, exec, ctx);
-
-	if (g)
-		return g;
-	g = calloc(1, sizeof(*g));
-	if (!g)
-		return NULL;
-	g->handle = handle;
-	g->exec = exec;
-	g->ctx = ctx;
-	g->next = gobjs;
-	gobjs = g;
-	atomic_fetch_add_explicit(&gobj_count, 1, memory_order_relaxed);
-	return g;
-}
-
-static void gobj_unlink(struct gobj *g)
-{
-	for (struct gobj **link = &gobjs; *link; link = &(*link)->next) {
-		if (*link == g) {
-			*link = g->next;
-			atomic_fetch_sub_explicit(&gobj_count, 1, memory_order_relaxed);
-			return;
-		}
-	}
-}
-
-/* g takes a reference to qs (once). False without memory. */
-static bool gobj_add_set(struct gobj *g, struct qset *qs)
-{
-	for (size_t i = 0; i < g->n; i++)
-		if (g->sets[i] == qs)
-			return true;
-	if (!grow((void **)&g->sets, &g->cap, g->n + 1, sizeof(*g->sets)))
-		return false;
-	g->sets[g->n++] = qs;
-	qs->refs++;
-	return true;
-}
-
-static void gobj_free(struct gobj *g, struct release *rel)
-{
-	for (size_t i = 0; i < g->n; i++)
-		qset_put(g->sets[i], rel);
-	free(g->sets);
-	free(g);
-}
-
-/* Give every set of src to dst; without memory the sets are leaked (kept
- * quarantined for good), never released early. */
-static void gobj_copy_sets(struct gobj *dst, const struct gobj *src)
-{
-	for (size_t i = 0; i < src->n; i++) {
-		if (!dst || !gobj_add_set(dst, src->sets[i])) {
-			src->sets[i]->refs++;
-			emm_warn("graph quarantine: out of memory: %zu blocks of a captured graph stay "
-			         "quarantined until their context goes",
-			         src->sets[i]->n);
-		}
-	}
+	for (struct capture *c = captures; c; c = c->next)
+		fn(c->qs, arg);
 }
 
 /* --- the capture registry ------------------------------------------------ */
@@ -406,16 +79,16 @@ void emm_state_capture_begin(CUstream stream, bool per_thread_default, CUstreamC
 		c->thread = pthread_self();
 		c->ctx = ctx;
 	}
-	st_lock(&capture_lock);
+	st_lock(&st_capture_lock);
 	if (c) {
-		c->qs = qset_new();
+		c->qs = st_qset_new_locked();
 		c->next = captures;
 		captures = c;
 	} else {
 		capture_unknown++;
 	}
-	atomic_fetch_add(&capture_count, 1);
-	st_unlock(&capture_lock);
+	atomic_fetch_add(&st_capture_count, 1);
+	st_unlock(&st_capture_lock);
 }
 
 static void flush_one(emm_heap_t *heap, int device, void *arg)
@@ -428,11 +101,11 @@ static void flush_one(emm_heap_t *heap, int device, void *arg)
 void emm_state_capture_end(CUstream stream, bool per_thread_default, CUgraph graph)
 {
 	emm_stream_t key = emm_state_stream_key(stream, per_thread_default);
-	struct release rel = {0};
+	struct st_release rel = {0};
 	struct capture *c = NULL;
 	bool found = false;
 
-	st_lock(&capture_lock);
+	st_lock(&st_capture_lock);
 	for (struct capture **link = &captures; *link; link = &(*link)->next) {
 		if ((*link)->key == key) {
 			c = *link;
@@ -446,27 +119,12 @@ void emm_state_capture_end(CUstream stream, bool per_thread_default, CUgraph gra
 		found = true;
 	}
 	if (found)
-		atomic_fetch_sub(&capture_count, 1);
-	if (c && c->qs) {
-		/* The graph inherits the set (an empty one is not worth tracking). */
-		if (graph && c->qs->n) {
-			struct gobj *g = gobj_get(graph, false, c->ctx);
-			if (!g || !gobj_add_set(g, c->qs)) {
-				c->qs->refs++; /* keep it quarantined for good rather than too short */
-				emm_warn("graph quarantine: out of memory: %zu blocks freed during a capture stay "
-				         "quarantined until their context goes",
-				         c->qs->n);
-			} else {
-				emm_debug("graph quarantine: capture ended, graph %p holds %zu blocks (set %llu)",
-				          (void *)graph, c->qs->n, (unsigned long long)c->qs->id);
-			}
-		}
-		/* No graph (the capture failed): released at once. */
-		qset_put(c->qs, &rel);
-	}
-	st_unlock(&capture_lock);
+		atomic_fetch_sub(&st_capture_count, 1);
+	if (c && c->qs)
+		st_qset_capture_ended_locked(c->qs, graph, c->ctx, &rel);
+	st_unlock(&st_capture_lock);
 	free(c);
-	release_run(&rel);
+	st_release_run(&rel);
 	/* Frees kept pending during the capture can be fenced now. */
 	if (found && !emm_state_exiting())
 		emm_state_for_each_heap(flush_one, NULL, true);
@@ -475,26 +133,26 @@ void emm_state_capture_end(CUstream stream, bool per_thread_default, CUgraph gra
 void emm_capture_stream_destroyed(CUstream stream)
 {
 	emm_stream_t key = emm_state_stream_key(stream, false);
-	struct release rel = {0};
+	struct st_release rel = {0};
 	struct capture *c = NULL;
 
-	if (!EMM_STREAM_IS_HANDLE(key) || atomic_load_explicit(&capture_count, memory_order_acquire) == 0)
+	if (!EMM_STREAM_IS_HANDLE(key) || atomic_load_explicit(&st_capture_count, memory_order_acquire) == 0)
 		return;
-	st_lock(&capture_lock);
+	st_lock(&st_capture_lock);
 	for (struct capture **link = &captures; *link; link = &(*link)->next) {
 		if ((*link)->key == key) {
 			c = *link;
 			*link = c->next;
-			atomic_fetch_sub(&capture_count, 1);
+			atomic_fetch_sub(&st_capture_count, 1);
 			break;
 		}
 	}
 	/* Its capture can no longer make a graph. */
 	if (c && c->qs)
-		qset_put(c->qs, &rel);
-	st_unlock(&capture_lock);
+		st_qset_put_locked(c->qs, &rel);
+	st_unlock(&st_capture_lock);
 	free(c);
-	release_run(&rel);
+	st_release_run(&rel);
 }
 
 bool emm_state_capture_forbids(emm_stream_t key)
@@ -502,7 +160,7 @@ bool emm_state_capture_forbids(emm_stream_t key)
 	pthread_t self;
 	bool forbid = false;
 
-	if (EMM_LIKELY(atomic_load_explicit(&capture_count, memory_order_acquire) == 0))
+	if (EMM_LIKELY(atomic_load_explicit(&st_capture_count, memory_order_acquire) == 0))
 		return false;
 	/* Anything but a real stream (the legacy stream, a per-thread stream,
 	 * "any query at all") may implicitly join a capture of a blocking
@@ -511,14 +169,14 @@ bool emm_state_capture_forbids(emm_stream_t key)
 	if (!EMM_STREAM_IS_HANDLE(key))
 		return true;
 	self = pthread_self();
-	st_lock(&capture_lock);
+	st_lock(&st_capture_lock);
 	forbid = capture_unknown > 0;
 	for (struct capture *c = captures; c && !forbid; c = c->next) {
 		if (c->key == key || c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
 		    (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && pthread_equal(c->thread, self)))
 			forbid = true;
 	}
-	st_unlock(&capture_lock);
+	st_unlock(&st_capture_lock);
 	return forbid;
 }
 
@@ -530,14 +188,14 @@ bool emm_state_stream_capturing(CUstream stream, bool per_thread_default)
 	CUstream handle = stream;
 	bool tracked = false;
 
-	if (EMM_LIKELY(atomic_load_explicit(&capture_count, memory_order_acquire) == 0))
+	if (EMM_LIKELY(atomic_load_explicit(&st_capture_count, memory_order_acquire) == 0))
 		return false;
 	key = emm_state_stream_key(stream, per_thread_default);
-	st_lock(&capture_lock);
+	st_lock(&st_capture_lock);
 	for (struct capture *c = captures; c; c = c->next)
 		if (c->key == key)
 			tracked = true;
-	st_unlock(&capture_lock);
+	st_unlock(&st_capture_lock);
 	if (tracked)
 		return true;
 	/* A stream can join a capture through an event wait: ask the driver. */
@@ -549,207 +207,39 @@ bool emm_state_stream_capturing(CUstream stream, bool per_thread_default)
 	return status != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
-/* --- the quarantine ------------------------------------------------------ */
-
-void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap)
-{
-	struct qblock *qb;
-
-	if (EMM_LIKELY(atomic_load_explicit(&capture_count, memory_order_acquire) == 0))
-		return;
-	st_lock(&capture_lock);
-	if (!captures) {
-		st_unlock(&capture_lock);
-		return;
-	}
-	qb = qblock_find(addr);
-	if (!qb)
-		qb = qblock_new(addr, heap);
-	if (qb) {
-		qb->heap = heap;
-		qb->freed = false;
-		for (struct capture *c = captures; c; c = c->next)
-			if (c->qs)
-				(void)qset_add(c->qs, qb); /* no memory: not watched (as without libemm) */
-		if (qb->nsets == 0)
-			qblock_remove(qb);
-	}
-	st_unlock(&capture_lock);
-}
-
-int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_requested)
-{
-	struct emm_block_range range;
-	struct qblock *qb;
-	int ret = 0;
-
-	if (EMM_LIKELY(atomic_load_explicit(&capture_count, memory_order_acquire) == 0 &&
-	               atomic_load_explicit(&qfilter[qfilter_bucket(addr)], memory_order_acquire) == 0))
-		return 0;
-	/* Only the start of a live block of the right kind; anything else is
-	 * the heap's (and the driver's) to answer. */
-	if (emm_heap_find_block(addr, &range) != 0 || range.base != addr ||
-	    (emm_heap_device(range.heap) == -2) != pinned)
-		return 0;
-	st_lock(&capture_lock);
-	qb = qblock_find(addr);
-	if (qb && qb->freed) {
-		ret = -EINVAL; /* freed twice: the block is quarantined, not live */
-	} else if (captures || capture_unknown) {
-		if (!qb)
-			qb = qblock_new(addr, range.heap);
-		if (qb) {
-			qb->freed = true;
-			for (struct capture *c = captures; c; c = c->next)
-				if (!c->qs || !qset_add(c->qs, qb))
-					emm_warn("graph quarantine: out of memory: block %#llx stays quarantined "
-					         "until its context goes",
-					         (unsigned long long)addr);
-		} else {
-			emm_warn("graph quarantine: out of memory: block %#llx freed during stream capture is "
-			         "leaked (never reused)",
-			         (unsigned long long)addr);
-		}
-		ret = 1;
-	} else if (qb) {
-		qb->freed = true; /* allocated during a capture; its graph still lives */
-		ret = 1;
-	}
-	st_unlock(&capture_lock);
-	if (ret == 1) {
-		*ret_requested = range.requested;
-		atomic_fetch_add_explicit(&quarantined_total, 1, memory_order_relaxed);
-		emm_debug("graph quarantine: block %#llx (%zu bytes) kept while a captured graph may use it",
-		          (unsigned long long)addr, range.size);
-	}
-	return ret;
-}
-
-/* --- graph objects --------------------------------------------------------- */
-
-void emm_graph_derived(const void *dst, bool dst_exec, const void *src, bool src_exec, bool move)
-{
-	struct release rel = {0};
-	struct gobj *s, *d;
-
-	if (!dst || !src || atomic_load_explicit(&gobj_count, memory_order_relaxed) == 0)
-		return;
-	st_lock(&capture_lock);
-	s = gobj_find(src, src_exec, NULL);
-	if (s && s != gobj_find(dst, dst_exec, NULL)) {
-		d = gobj_get(dst, dst_exec, s->ctx);
-		gobj_copy_sets(d, s);
-		if (move) {
-			/* The parent owns the child now: the child handle is gone. */
-			gobj_unlink(s);
-			gobj_free(s, &rel);
-		}
-	}
-	st_unlock(&capture_lock);
-	release_run(&rel);
-}
-
-void emm_graph_pin(const void *src, bool src_exec)
-{
-	struct gobj *s, *p;
-
-	if (!src || atomic_load_explicit(&gobj_count, memory_order_relaxed) == 0)
-		return;
-	st_lock(&capture_lock);
-	s = gobj_find(src, src_exec, NULL);
-	if (s) {
-		p = gobj_get(NULL, false, s->ctx);
-		gobj_copy_sets(p, s);
-	}
-	st_unlock(&capture_lock);
-}
-
-void emm_graph_destroyed(const void *handle, bool exec)
-{
-	struct release rel = {0};
-	struct gobj *g;
-
-	if (!handle || atomic_load_explicit(&gobj_count, memory_order_relaxed) == 0)
-		return;
-	st_lock(&capture_lock);
-	g = gobj_find(handle, exec, NULL);
-	if (g) {
-		gobj_unlink(g);
-		gobj_free(g, &rel);
-	}
-	st_unlock(&capture_lock);
-	release_run(&rel);
-}
-
-/* --- context teardown, fork, statistics ------------------------------------- */
+/* --- context teardown, fork ------------------------------------------------- */
 
 void emm_capture_context_dropped(CUcontext ctx, emm_heap_t *const *heaps, size_t nheaps)
 {
-	struct release rel = {0};
+	struct st_release rel = {0};
 
-	st_lock(&capture_lock);
-	/* The context's memory went with it: its blocks are forgotten. */
-	for (unsigned b = 0; b < QHASH_BUCKETS; b++)
-		for (struct qblock *qb = qhash[b]; qb; qb = qb->next)
-			for (size_t i = 0; i < nheaps; i++)
-				if (qb->heap == heaps[i])
-					qb->dead = true;
-	/* Its captures and graphs went too. */
+	st_lock(&st_capture_lock);
+	st_quarantine_context_dropped_locked(ctx, heaps, nheaps, &rel);
+	/* Its captures went too. */
 	for (struct capture **link = &captures; *link;) {
 		struct capture *c = *link;
 		if (c->ctx == ctx) {
 			*link = c->next;
-			atomic_fetch_sub(&capture_count, 1);
+			atomic_fetch_sub(&st_capture_count, 1);
 			if (c->qs)
-				qset_put(c->qs, &rel);
+				st_qset_put_locked(c->qs, &rel);
 			free(c);
 		} else {
 			link = &c->next;
 		}
 	}
-	for (struct gobj **link = &gobjs; *link;) {
-		struct gobj *g = *link;
-		if (g->ctx == ctx) {
-			*link = g->next;
-			atomic_fetch_sub_explicit(&gobj_count, 1, memory_order_relaxed);
-			gobj_free(g, &rel);
-		} else {
-			link = &g->next;
-		}
-	}
-	st_unlock(&capture_lock);
+	st_unlock(&st_capture_lock);
 	/* Blocks of other contexts freed during this context's captures. */
-	release_run(&rel);
+	st_release_run(&rel);
 }
 
 void emm_capture_fork_child(void)
 {
 	/* The parent's captures and graphs are not the child's (leaked: the
 	 * lock may have been held by a thread that does not exist here). */
-	pthread_mutex_init(&capture_lock, NULL);
+	pthread_mutex_init(&st_capture_lock, NULL);
 	captures = NULL;
 	capture_unknown = 0;
-	atomic_store(&capture_count, 0);
-	gobjs = NULL;
-	atomic_store(&gobj_count, 0);
-	for (unsigned b = 0; b < QHASH_BUCKETS; b++)
-		qhash[b] = NULL;
-	for (unsigned b = 0; b < QFILTER_BUCKETS; b++)
-		atomic_store(&qfilter[b], 0);
-	atomic_store(&quarantined_total, 0);
-	atomic_store(&released_total, 0);
-}
-
-void emm_capture_stats(uint64_t *ret_quarantined, uint64_t *ret_released, size_t *ret_held)
-{
-	size_t held = 0;
-
-	st_lock(&capture_lock);
-	for (unsigned b = 0; b < QHASH_BUCKETS; b++)
-		for (struct qblock *qb = qhash[b]; qb; qb = qb->next)
-			held += qb->freed && !qb->dead;
-	st_unlock(&capture_lock);
-	*ret_quarantined = atomic_load_explicit(&quarantined_total, memory_order_relaxed);
-	*ret_released = atomic_load_explicit(&released_total, memory_order_relaxed);
-	*ret_held = held;
+	atomic_store(&st_capture_count, 0);
+	st_quarantine_fork_child();
 }

@@ -2,9 +2,9 @@
 /*
  * process/contexts.c - one heap per CUDA context: the registry of
  * context entries, the thread cache that finds the calling thread's entry,
- * building an entry (backend, device heap), the segment sources that feed
- * a context's heaps from the backend, noticing a reset that bypassed our
- * shims, and dropping a context's heaps when it goes.
+ * building an entry (backend, device heap; its segments come through
+ * segments.c), noticing a reset that bypassed our shims, and dropping a
+ * context's heaps when it goes.
  *
  * Finding the heap of the calling thread costs one real driver call and a
  * thread-local compare: each thread caches (context id, entry, generation),
@@ -43,88 +43,6 @@ static size_t ctx_count, ctx_cap;
 atomic_uint_fast64_t st_ctx_generation = 1;
 
 EMM_TLS_IE struct st_tls_ctx st_tls_ctx;
-/* Set while this thread is inside the backend: a backend that calls a
- * driver export (rather than host->driver_proc) reaches the driver. */
-static EMM_TLS_IE bool tls_in_backend;
-
-/* --- segment sources --------------------------------------------------- */
-
-/* The stream value a backend sees: 0 when unknown, else a CUstream. */
-static uint64_t backend_stream(emm_stream_t key)
-{
-	if (key == EMM_STREAM_SYNC)
-		return 0;
-	return (uint64_t)(uintptr_t)emm_state_stream_handle(key);
-}
-
-bool st_push_ctx(CUcontext ctx)
-{
-	const struct emm_state_real_extra *x = st_real_extra();
-	CUcontext cur = NULL;
-
-	if (!st_real_table()->cuCtxGetCurrent || st_real_table()->cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
-		cur = NULL;
-	if (cur == ctx || !x->cuCtxPushCurrent_v2 || !x->cuCtxPopCurrent_v2)
-		return false;
-	return x->cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
-}
-
-void st_pop_ctx(bool pushed)
-{
-	CUcontext popped;
-
-	if (pushed)
-		(void)st_real_extra()->cuCtxPopCurrent_v2(&popped);
-}
-
-int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size, emm_stream_t stream,
-                     emm_addr_t *ret_addr)
-{
-	int ret;
-
-	if (st_is_exiting())
-		return -ENOMEM;
-	st_assert_unlocked("a backend segment allocation");
-	tls_in_backend = true;
-	if (host)
-		ret = st_backend.table->host_segment_alloc(e->backend_state, size, flags, ret_addr);
-	else
-		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
-	tls_in_backend = false;
-	return ret;
-}
-
-/* With the entry's context current: a heap may return a segment from a
- * thread where another context is current. */
-int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size, emm_stream_t stream)
-{
-	bool pushed;
-	int ret;
-
-	if (st_is_exiting())
-		return 0; /* the driver frees everything with the process */
-	st_assert_unlocked("a backend segment free");
-	pushed = st_push_ctx(e->ctx);
-	tls_in_backend = true;
-	if (host)
-		ret = st_backend.table->host_segment_free(e->backend_state, addr, size);
-	else
-		ret = st_backend.table->segment_free(e->backend_state, addr, size, backend_stream(stream));
-	tls_in_backend = false;
-	st_pop_ctx(pushed);
-	return ret;
-}
-
-static int seg_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
-{
-	return st_segment_alloc(state, false, 0, size, stream, ret_addr);
-}
-
-static int seg_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream)
-{
-	return st_segment_free(state, false, addr, size, stream);
-}
-
 /* --- entries ----------------------------------------------------------- */
 
 static struct ctx_entry *entry_find_locked(CUcontext ctx)
@@ -247,9 +165,7 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 	}
 	emm_fence_ops_init(e->pool, &e->fence);
 
-	tls_in_backend = true;
-	ret = st_backend.table->init(&st_host, dev, (uint64_t)(uintptr_t)ctx, &e->backend_state);
-	tls_in_backend = false;
+	ret = st_backend_init(e, dev);
 	if (ret < 0) {
 		emm_warn("backend %s: init for device %d failed (%s): this context's allocations go to the "
 		         "driver",
@@ -260,8 +176,8 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 	}
 	st_heap_params(&params);
 	src.state = e;
-	src.alloc = seg_alloc;
-	src.free = seg_free;
+	src.alloc = st_device_segment_alloc;
+	src.free = st_device_segment_free;
 	ret = emm_heap_create(&params, &src, &e->fence, dev, &e->heap);
 	if (ret < 0) {
 		emm_warn(
@@ -353,7 +269,7 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 	uint64_t gen, key;
 	int rc;
 
-	if (!st_is_enabled() || st_is_exiting() || tls_in_backend)
+	if (!st_is_enabled() || st_is_exiting() || st_tls_in_backend)
 		return -ENOSYS;
 	rc = current_context_key(&key, &id);
 	if (EMM_UNLIKELY(rc < 0)) {

@@ -5,10 +5,11 @@
  *   - the real entry points behind the shims (real.c);
  *   - lazy initialisation (options, backend, trace), exit and fork (state.c);
  *   - one heap per CUDA context, its teardown, the heap guard (contexts.c,
- *     guard.c), pinned-host heaps per flag set (pinned.c);
+ *     guard.c), the backend that feeds the heaps (segments.c), pinned-host
+ *     heaps per flag set (pinned.c);
  *   - serving and freeing blocks for a shim (serve.c, block_free.c);
  *   - stream keys and the live-stream registry (streams.c), capture tracking
- *     and the graph quarantine (capture.c), the fence ops over real CUDA
+ *     (capture.c) and the graph quarantine (quarantine.c), the fence ops over real CUDA
  *     events (fence_cuda.c);
  *   - counters and statistics (stats.c, stats_print.c).
  * Files inside process/ share process_internal.h as well; nothing outside

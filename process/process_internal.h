@@ -227,6 +227,18 @@ int st_current_entry(struct ctx_entry **ret, bool create);
 bool st_push_ctx(CUcontext ctx);
 void st_pop_ctx(bool pushed);
 
+/* --- segments.c: the backend behind a context's heaps -------------------- */
+
+/* Set while this thread is inside the backend: a backend that calls a
+ * driver export (rather than host->driver_proc) reaches the driver. */
+extern EMM_TLS_IE bool st_tls_in_backend;
+
+/* The backend's init for the context of `e` (current) on device `dev`. */
+int st_backend_init(struct ctx_entry *e, CUdevice dev);
+/* The segment source callbacks of a context's device heap (state: e). */
+int st_device_segment_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr);
+int st_device_segment_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream);
+
 /* Take a segment from / give one back to the backend of `e`: device
  * memory, or pinned host memory of the flag set `flags` when `host`. */
 int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size, emm_stream_t stream,
@@ -272,6 +284,47 @@ void st_streams_fork_child(void);
  * st_heap_life_lock held exclusive. */
 void st_stats_retire(emm_heap_t *heap);
 void st_stats_fork_child(void);
+
+/* --- capture.c and quarantine.c: one idea in two files ------------------- */
+
+/* Over captures, quarantine sets, blocks and graph objects; a leaf. */
+extern pthread_mutex_t st_capture_lock;
+/* Active captures (tracked or not); read without the lock on fast paths. */
+extern atomic_uint st_capture_count;
+
+/* The blocks one capture's graph (and everything derived) may touch. */
+struct st_qset;
+
+/* Blocks to free into their heaps once st_capture_lock is dropped. */
+struct st_release_item {
+	emm_addr_t addr;
+	emm_heap_t *heap;
+};
+struct st_release {
+	struct st_release_item *items;
+	size_t n, cap;
+	size_t lost; /* could not be recorded (no memory): leaked */
+};
+/* Free them (no lock held), under the heap guard. */
+void st_release_run(struct st_release *rel);
+
+/* quarantine.c, st_capture_lock held: a new set for a capture (NULL
+ * without memory); drop a reference; the capture that owned qs ended with
+ * `graph` (NULL: it failed) - the graph inherits the set; a context is
+ * gone (its blocks are forgotten, its graphs dropped); fork. */
+struct st_qset *st_qset_new_locked(void);
+void st_qset_put_locked(struct st_qset *qs, struct st_release *rel);
+void st_qset_capture_ended_locked(struct st_qset *qs, CUgraph graph, CUcontext ctx, struct st_release *rel);
+void st_quarantine_context_dropped_locked(CUcontext ctx, emm_heap_t *const *heaps, size_t nheaps,
+                                          struct st_release *rel);
+void st_quarantine_fork_child(void);
+
+/* capture.c, st_capture_lock held: is any capture recorded; is any active
+ * (recorded or not); call fn with each recorded capture's set (NULL for a
+ * capture without one). */
+bool st_captures_listed_locked(void);
+bool st_captures_active_locked(void);
+void st_capture_each_set_locked(void (*fn)(struct st_qset *qs, void *arg), void *arg);
 
 #pragma GCC visibility pop
 

@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * process/segments.c - what feeds a context's heaps: the backend's init for
+ * a context, its segment allocations and frees (device memory, and pinned
+ * host memory of a flag set), made with the owning context current and
+ * with no lock of the process layer held, and the stream value a backend
+ * sees.
+ */
+#include <errno.h>
+#include <stdint.h>
+
+#include "process/process.h"
+#include "process/process_internal.h"
+
+/* Set while this thread is inside the backend: a backend that calls a
+ * driver export (rather than host->driver_proc) reaches the driver. */
+EMM_TLS_IE bool st_tls_in_backend;
+
+/* The stream value a backend sees: 0 when unknown, else a CUstream. */
+static uint64_t backend_stream(emm_stream_t key)
+{
+	if (key == EMM_STREAM_SYNC)
+		return 0;
+	return (uint64_t)(uintptr_t)emm_state_stream_handle(key);
+}
+
+bool st_push_ctx(CUcontext ctx)
+{
+	const struct emm_state_real_extra *x = st_real_extra();
+	CUcontext cur = NULL;
+
+	if (!st_real_table()->cuCtxGetCurrent || st_real_table()->cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
+		cur = NULL;
+	if (cur == ctx || !x->cuCtxPushCurrent_v2 || !x->cuCtxPopCurrent_v2)
+		return false;
+	return x->cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+}
+
+void st_pop_ctx(bool pushed)
+{
+	CUcontext popped;
+
+	if (pushed)
+		(void)st_real_extra()->cuCtxPopCurrent_v2(&popped);
+}
+
+int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size, emm_stream_t stream,
+                     emm_addr_t *ret_addr)
+{
+	int ret;
+
+	if (st_is_exiting())
+		return -ENOMEM;
+	st_assert_unlocked("a backend segment allocation");
+	st_tls_in_backend = true;
+	if (host)
+		ret = st_backend.table->host_segment_alloc(e->backend_state, size, flags, ret_addr);
+	else
+		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
+	st_tls_in_backend = false;
+	return ret;
+}
+
+/* With the entry's context current: a heap may return a segment from a
+ * thread where another context is current. */
+int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size, emm_stream_t stream)
+{
+	bool pushed;
+	int ret;
+
+	if (st_is_exiting())
+		return 0; /* the driver frees everything with the process */
+	st_assert_unlocked("a backend segment free");
+	pushed = st_push_ctx(e->ctx);
+	st_tls_in_backend = true;
+	if (host)
+		ret = st_backend.table->host_segment_free(e->backend_state, addr, size);
+	else
+		ret = st_backend.table->segment_free(e->backend_state, addr, size, backend_stream(stream));
+	st_tls_in_backend = false;
+	st_pop_ctx(pushed);
+	return ret;
+}
+
+int st_device_segment_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
+{
+	return st_segment_alloc(state, false, 0, size, stream, ret_addr);
+}
+
+int st_device_segment_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream)
+{
+	return st_segment_free(state, false, addr, size, stream);
+}
+
+int st_backend_init(struct ctx_entry *e, CUdevice dev)
+{
+	int ret;
+
+	st_assert_unlocked("a backend's init");
+	st_tls_in_backend = true;
+	ret = st_backend.table->init(&st_host, dev, (uint64_t)(uintptr_t)e->ctx, &e->backend_state);
+	st_tls_in_backend = false;
+	return ret;
+}
