@@ -185,7 +185,7 @@ struct emm_state_real_extra {
 	CUresult (*cuStreamBeginCapture_ptsz)(CUstream);
 	/* unique per context instance; NULL before driver 12.0 */
 	CUresult (*cuCtxGetId)(CUcontext, unsigned long long *);
-	/* graphs (the quarantine follows them; capture.c). The exports
+	/* graphs (the quarantine follows them; quarantine.c). The exports
 	 * cuGraphInstantiate / cuGraphInstantiate_v2 (5 arguments),
 	 * cuGraphExecUpdate (4) and cuGraphAddNode (5) are the old ABIs that
 	 * cuda.h renames away, hence the member names. */
@@ -284,7 +284,7 @@ bool emm_state_capture_forbids(emm_stream_t key);
 /* The context a real stream was created in (NULL if unknown). */
 CUcontext emm_state_stream_context(emm_stream_t key);
 
-/* --- the graph quarantine (capture.c; the bound is documented there) ----- */
+/* --- the graph quarantine (quarantine.c, which documents the bound) ------ */
 
 /* A pool block was just handed out: if captures are active, the graphs they
  * make may use it (watched until those graphs are gone). */
