@@ -2,7 +2,7 @@
 /*
  * allocator/heap.c - the caching allocator's arenas and its entry points:
  * which arena a thread uses, allocate (hit path and miss path), free,
- * block lookup, OOM recovery, release of idle memory, flush, the last
+ * block lookup, release of idle memory, flush, the last
  * fence, create and destroy. The contract is heap.h; the private structures
  * and the other heap_*.c files' roles are in heap_internal.h.
  */
@@ -57,92 +57,6 @@ static inline struct arena *thread_arena(const struct emm_heap *heap)
 	return heap->arenas[thread_slot() & (heap->narenas - 1)];
 }
 
-/* --- OOM recovery --------------------------------------------------------- */
-
-/*
- * Out of memory: close the open epoch, resolve orphans, fence every
- * ready-stream block, synchronize every pending fence (host waits, lock
- * dropped), then give all idle segments back. Lock held on entry and on
- * return; dropped around every fence op.
- */
-static void oom_recover(struct arena *h)
-{
-	struct emm_fence **held = NULL;
-	uint64_t *events = NULL;
-	size_t nheld = 0, nevents = 0;
-
-	emm_heap_close_epoch(h);
-	if (h->has_fence) {
-		emm_heap_resolve_orphans(h);
-		for (emm_stream_t key = emm_pool_next_key(h, 0); key; key = emm_pool_next_key(h, key))
-			emm_heap_fence_key(h, key, emm_heap_fence_target(h, key), NULL);
-
-		bool can_sync = h->fops.synchronize && !f_capturing(h, EMM_STREAM_SYNC);
-		size_t nf = 0, ne = 0;
-		for (struct emm_fence *f = h->fq_head; f; f = f->next) {
-			if (!f->retired && !f->synced) {
-				nf++;
-				ne += f->nevents - f->done;
-			}
-		}
-		if (can_sync && nf) {
-			held = malloc(nf * sizeof(*held));
-			events = malloc((ne ? ne : 1) * sizeof(*events));
-		}
-		if (held && events) {
-			for (struct emm_fence *f = h->fq_head; f; f = f->next) {
-				if (f->retired || f->synced)
-					continue;
-				f->holds++; /* its events stay alive while we wait */
-				held[nheld++] = f;
-				for (unsigned i = f->done; i < f->nevents; i++)
-					events[nevents++] = f->events[i];
-			}
-			arena_unlock_release(h);
-			size_t failed = 0;
-			for (size_t i = 0; i < nevents; i++)
-				if (fop_synchronize(h, events[i]))
-					failed++;
-			arena_lock(h);
-			h->st.host_waits += nevents;
-			for (size_t i = 0; i < nheld; i++) {
-				held[i]->holds--;
-				if (!failed)
-					held[i]->synced = true;
-			}
-		}
-		free(held);
-		free(events);
-	}
-	emm_heap_poll_fences(h);
-	struct emm_segment *list = emm_pool_release_collect(h, 0);
-	if (list) {
-		arena_unlock_release(h);
-		emm_pool_release_finish(h, list);
-		arena_lock(h);
-	}
-}
-
-/* The other arenas' idle memory goes back too (one arena locked at a time:
- * ours is dropped meanwhile). Lock held on entry and on return. */
-static void oom_recover_others(struct arena *h)
-{
-	struct emm_heap *heap = h->owner;
-
-	if (heap->narenas == 1)
-		return;
-	arena_unlock_release(h);
-	for (unsigned i = 0; i < heap->narenas; i++) {
-		struct arena *a = heap->arenas[i];
-		if (a == h)
-			continue;
-		arena_lock(a);
-		oom_recover(a);
-		arena_unlock_release(a);
-	}
-	arena_lock(h);
-}
-
 /* --- allocate and free ---------------------------------------------------- */
 
 static inline struct emm_block *find_block(struct arena *h, unsigned pool, size_t rounded,
@@ -195,8 +109,8 @@ static int alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t siz
 		return -EOVERFLOW;
 	r = emm_pool_grow(h, pool, seg_size, stream, &b);
 	if (r == -ENOMEM && h->p.oom_retry) {
-		oom_recover(h);
-		oom_recover_others(h);
+		emm_heap_oom_recover(h);
+		emm_heap_oom_recover_others(h);
 		h->st.oom_retries++;
 		if ((b = find_block(h, pool, rounded, stream)))
 			goto hit;

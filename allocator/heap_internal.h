@@ -2,8 +2,9 @@
 /*
  * allocator/heap_internal.h - the heap's private structures, shared by the
  * files that implement heap.h (heap.c, heap_size.c, heap_pool.c,
- * heap_fence.c, heap_stats.c, heap_check.c), the small inline helpers of the
- * alloc/free path, and the prototypes those files call across each other.
+ * heap_fence.c, heap_stream.c, heap_oom.c, heap_stats.c, heap_check.c), the
+ * small inline helpers of the alloc/free path, and the prototypes those
+ * files call across each other.
  * Nothing outside allocator/heap*.c includes it.
  *
  * Data structures (all per arena, under its mutex):
@@ -435,6 +436,13 @@ static inline bool f_capturing(struct arena *h, emm_stream_t s)
 {
 	return h->has_fence && h->fops.capturing && h->fops.capturing(h->fops.ctx, s);
 }
+
+/* --- heap_oom.c: out of memory ------------------------------------------- */
+
+/* Fence, synchronize and release everything idle in the arena (lock held,
+ * dropped around ops); then in the other arenas, one locked at a time. */
+void emm_heap_oom_recover(struct arena *h);
+void emm_heap_oom_recover_others(struct arena *h);
 
 /* --- heap_fence.c: fences, epochs, orphans; heap_stream.c: streams ------- */
 
