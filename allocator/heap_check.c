@@ -126,26 +126,26 @@ static int check_locked(struct arena *h)
 	size_t listed = 0;
 	struct emm_fence *lists[] = {h->open, h->orphans[0], h->orphans[1], h->busy, h->fq_head};
 	for (unsigned li = 0; li < EMM_ARRAY_SIZE(lists); li++) {
-	for (struct emm_fence *f = lists[li]; f; f = li < 3 ? NULL : f->next) {
-		size_t n = 0, bytes = 0;
-		for (struct emm_block *b = f->blocks; b; b = b->link) {
-			CHECK(b->state == BLOCK_PENDING && b->fence == f,
-			      "fence list holds block 0x%llx in state %u", (unsigned long long)b->addr,
-			      b->state);
-			CHECK(b->seg && b->seg->live, "fence holds block 0x%llx of a dead segment",
-			      (unsigned long long)b->addr);
-			n++;
-			bytes += b->size;
+		for (struct emm_fence *f = lists[li]; f; f = li < 3 ? NULL : f->next) {
+			size_t n = 0, bytes = 0;
+			for (struct emm_block *b = f->blocks; b; b = b->link) {
+				CHECK(b->state == BLOCK_PENDING && b->fence == f,
+				      "fence list holds block 0x%llx in state %u", (unsigned long long)b->addr,
+				      b->state);
+				CHECK(b->seg && b->seg->live, "fence holds block 0x%llx of a dead segment",
+				      (unsigned long long)b->addr);
+				n++;
+				bytes += b->size;
+			}
+			CHECK(n == f->nblocks && bytes == f->bytes, "fence counts %u blocks/%zu bytes, lists %zu/%zu",
+			      f->nblocks, f->bytes, n, bytes);
+			CHECK(!f->retired || n == 0, "retired fence still holds blocks");
+			CHECK(li < 3 || f->done <= f->nevents, "fence event index past its events");
+			CHECK(li >= 3 || f->nevents == 0, "open or orphan fence with events");
+			if (li == 4 && f->next == NULL)
+				CHECK(h->fq_tail == f, "fence FIFO tail disagrees");
+			listed += n;
 		}
-		CHECK(n == f->nblocks && bytes == f->bytes, "fence counts %u blocks/%zu bytes, lists %zu/%zu",
-		      f->nblocks, f->bytes, n, bytes);
-		CHECK(!f->retired || n == 0, "retired fence still holds blocks");
-		CHECK(li < 3 || f->done <= f->nevents, "fence event index past its events");
-		CHECK(li >= 3 || f->nevents == 0, "open or orphan fence with events");
-		if (li == 4 && f->next == NULL)
-			CHECK(h->fq_tail == f, "fence FIFO tail disagrees");
-		listed += n;
-	}
 	}
 	CHECK(listed == npending, "%zu pending blocks, %zu on fence lists", npending, listed);
 

@@ -403,9 +403,9 @@ static void release_undo(struct arena *h, struct emm_segment *s)
 /*
  * Give collected segments back, lock not held. Each leaves the segment map
  * just before its free. If the source fails one, that segment and every
- * later one go back to the heap intact (the failed one re-enters the map in
- * the slot its removal freed, so that insert cannot run out of room) and
- * the error is returned; else the bytes given back.
+ * later one go back to the heap intact (the failed one re-enters the map:
+ * its removal just freed a slot, so only a racing insert could take it)
+ * and the error is returned; else the bytes given back.
  */
 long long emm_pool_release_finish(struct arena *h, struct emm_segment *list)
 {
