@@ -2,7 +2,7 @@
 /*
  * allocator/heap.c - the caching allocator's arenas and its entry points:
  * which arena a thread uses, allocate (hit path and miss path), free,
- * block lookup, OOM recovery, release of idle memory, flush, the last
+ * block lookup, release of idle memory, flush, the last
  * fence, create and destroy. The contract is heap.h; the private structures
  * and the other heap_*.c files' roles are in heap_internal.h.
  */
@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "allocator/heap_debug.h"
 #include "allocator/ptrmap.h"
 #include "common/log.h"
 
@@ -21,6 +22,25 @@
  * first allocation (see struct emm_heap in heap_internal.h). */
 static atomic_uint thread_rr;
 static _Thread_local unsigned thread_slot_plus1;
+
+#ifndef NDEBUG
+_Thread_local unsigned emm_heap_lock_depth __attribute__((tls_model("initial-exec")));
+
+void emm_heap_lock_violation(const char *op)
+{
+	emm_error("fence op '%s' called with %u allocator lock(s) held", op, emm_heap_lock_depth);
+	abort();
+}
+#endif
+
+unsigned emm_heap_debug_lock_depth(void)
+{
+#ifndef NDEBUG
+	return emm_heap_lock_depth;
+#else
+	return 0;
+#endif
+}
 
 static inline unsigned thread_slot(void)
 {
@@ -35,90 +55,6 @@ static inline unsigned thread_slot(void)
 static inline struct arena *thread_arena(const struct emm_heap *heap)
 {
 	return heap->arenas[thread_slot() & (heap->narenas - 1)];
-}
-
-/* --- OOM recovery --------------------------------------------------------- */
-
-/*
- * Out of memory: close the open epoch, fence every ready-stream block,
- * synchronize every pending fence (host waits, lock dropped), then give all
- * idle segments back. Lock held on entry and on return.
- */
-static void oom_recover(struct arena *h)
-{
-	struct emm_fence **held = NULL;
-	uint64_t *events = NULL;
-	size_t nheld = 0, nevents = 0;
-
-	emm_heap_close_epoch(h);
-	if (h->has_fence) {
-		for (emm_stream_t key = emm_pool_next_key(h, 0); key; key = emm_pool_next_key(h, key))
-			emm_heap_fence_key(h, key, emm_heap_fence_target(h, key));
-
-		bool can_sync = h->fops.synchronize && !f_capturing(h, EMM_STREAM_SYNC);
-		size_t nf = 0, ne = 0;
-		for (struct emm_fence *f = h->fq_head; f; f = f->next) {
-			if (!f->retired && !f->synced) {
-				nf++;
-				ne += f->nevents - f->done;
-			}
-		}
-		if (can_sync && nf) {
-			held = malloc(nf * sizeof(*held));
-			events = malloc((ne ? ne : 1) * sizeof(*events));
-		}
-		if (held && events) {
-			for (struct emm_fence *f = h->fq_head; f; f = f->next) {
-				if (f->retired || f->synced)
-					continue;
-				f->holds++; /* its events stay alive while we wait */
-				held[nheld++] = f;
-				for (unsigned i = f->done; i < f->nevents; i++)
-					events[nevents++] = f->events[i];
-			}
-			pthread_mutex_unlock(&h->lock);
-			size_t failed = 0;
-			for (size_t i = 0; i < nevents; i++)
-				if (h->fops.synchronize(h->fops.ctx, events[i]))
-					failed++;
-			pthread_mutex_lock(&h->lock);
-			h->st.host_waits += nevents;
-			for (size_t i = 0; i < nheld; i++) {
-				held[i]->holds--;
-				if (!failed)
-					held[i]->synced = true;
-			}
-		}
-		free(held);
-		free(events);
-	}
-	emm_heap_poll_fences(h);
-	struct emm_segment *list = emm_pool_release_collect(h, 0);
-	if (list) {
-		pthread_mutex_unlock(&h->lock);
-		emm_pool_release_finish(h, list);
-		pthread_mutex_lock(&h->lock);
-	}
-}
-
-/* The other arenas' idle memory goes back too (one arena locked at a time:
- * ours is dropped meanwhile). Lock held on entry and on return. */
-static void oom_recover_others(struct arena *h)
-{
-	struct emm_heap *heap = h->owner;
-
-	if (heap->narenas == 1)
-		return;
-	pthread_mutex_unlock(&h->lock);
-	for (unsigned i = 0; i < heap->narenas; i++) {
-		struct arena *a = heap->arenas[i];
-		if (a == h)
-			continue;
-		pthread_mutex_lock(&a->lock);
-		oom_recover(a);
-		pthread_mutex_unlock(&a->lock);
-	}
-	pthread_mutex_lock(&h->lock);
 }
 
 /* --- allocate and free ---------------------------------------------------- */
@@ -136,8 +72,9 @@ static inline struct emm_block *find_block(struct arena *h, unsigned pool, size_
 }
 
 /* The miss path: completed fences, epoch pressure, stealing, the source,
- * and the OOM retry. Lock held. */
-static int alloc_slow(struct arena *h, unsigned pool, size_t rounded, emm_stream_t stream,
+ * and the OOM retry; hands the block out. Lock held, dropped around fence
+ * ops and the source (every lookup after one is fresh). */
+static int alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
                       struct emm_block **ret)
 {
 	struct emm_block *b;
@@ -160,16 +97,20 @@ static int alloc_slow(struct arena *h, unsigned pool, size_t rounded, emm_stream
 			goto hit;
 	}
 
-	if ((b = emm_heap_try_steal(h, pool, rounded, stream)))
-		goto hit;
+	if ((b = emm_heap_try_steal(h, pool, rounded, stream))) {
+		h->st.hits++;
+		emm_pool_take_reserved(h, b, rounded, size, stream);
+		*ret = b;
+		return 0;
+	}
 
 	size_t seg_size = emm_heap_segment_size(&h->p, rounded);
 	if (!seg_size)
 		return -EOVERFLOW;
 	r = emm_pool_grow(h, pool, seg_size, stream, &b);
 	if (r == -ENOMEM && h->p.oom_retry) {
-		oom_recover(h);
-		oom_recover_others(h);
+		emm_heap_oom_recover(h);
+		emm_heap_oom_recover_others(h);
 		h->st.oom_retries++;
 		if ((b = find_block(h, pool, rounded, stream)))
 			goto hit;
@@ -181,10 +122,12 @@ static int alloc_slow(struct arena *h, unsigned pool, size_t rounded, emm_stream
 		return r;
 	}
 	h->st.misses++;
+	emm_pool_take_block(h, b, rounded, size, stream);
 	*ret = b;
 	return 0;
 hit:
 	h->st.hits++;
+	emm_pool_take_block(h, b, rounded, size, stream);
 	*ret = b;
 	return 0;
 }
@@ -196,32 +139,32 @@ static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t si
 	emm_addr_t addr;
 	int r;
 
-	pthread_mutex_lock(&h->lock);
+	arena_lock(h);
 	b = find_block(h, pool, rounded, stream);
 	if (EMM_LIKELY(b)) {
 		h->st.hits++;
+		emm_pool_take_block(h, b, rounded, size, stream);
+		addr = b->addr;
+		arena_unlock(h);
 	} else {
-		r = alloc_slow(h, pool, rounded, stream, &b);
-		if (r) {
-			pthread_mutex_unlock(&h->lock);
+		r = alloc_slow(h, pool, rounded, size, stream, &b);
+		addr = r ? 0 : b->addr;
+		arena_unlock_release(h);
+		if (r)
 			return r;
-		}
 	}
-	emm_pool_take_block(h, b, rounded, size, stream);
-	addr = b->addr;
-	pthread_mutex_unlock(&h->lock);
 
 	r = emm_blockmap_insert(addr, b);
 	if (EMM_UNLIKELY(r)) {
 		if (r == -EEXIST)
 			emm_error("block 0x%llx already in the block map", (unsigned long long)addr);
 		/* Never handed out, never used: ready again at once. */
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		untake_accounting(h, b);
 		h->st.allocs--;
 		h->st.frees--;
 		emm_pool_block_ready(h, b, stream);
-		pthread_mutex_unlock(&h->lock);
+		arena_unlock(h);
 		return -ENOMEM;
 	}
 	*ret_addr = addr;
@@ -263,10 +206,10 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 	if (stream == EMM_STREAM_SYNC && h->p.free_mode == EMM_FREE_MODE_STRICT && h->has_fence &&
 	    h->fops.device_synchronize) {
 		/* Like the real cuMemFree: wait for the device, lock not held. */
-		strict = h->fops.device_synchronize(h->fops.ctx) == 0 ? 1 : -1;
+		strict = fop_device_synchronize(h) == 0 ? 1 : -1;
 	}
 
-	pthread_mutex_lock(&h->lock);
+	arena_lock(h);
 	requested = b->requested;
 	untake_accounting(h, b);
 	if (stream != EMM_STREAM_SYNC) {
@@ -289,7 +232,7 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 	if (EMM_UNLIKELY(h->p.release_threshold != SIZE_MAX && h->idle_head &&
 	                 h->st.reserved - h->st.allocated > h->p.release_threshold))
 		release = emm_pool_release_collect(h, h->p.release_threshold);
-	pthread_mutex_unlock(&h->lock);
+	arena_unlock_release(h);
 
 	if (EMM_UNLIKELY(release))
 		emm_pool_release_finish(h, release);
@@ -310,7 +253,7 @@ int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret)
 	struct arena *h = s->arena;
 	int r = -ENOENT;
 
-	pthread_mutex_lock(&h->lock);
+	arena_lock(h);
 	if (s->live && addr >= s->base && addr - s->base < s->size) {
 		/* Exact start: one map lookup; interior: walk the segment. */
 		struct emm_block *b = emm_blockmap_get(addr);
@@ -328,7 +271,7 @@ int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret)
 			r = 0;
 		}
 	}
-	pthread_mutex_unlock(&h->lock);
+	arena_unlock(h);
 	return r;
 }
 
@@ -337,6 +280,7 @@ int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret)
 static void drop_fence_struct(struct emm_fence *f)
 {
 	free(f->events);
+	free(f->targets);
 	free(f);
 }
 
@@ -347,6 +291,11 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	if (!h)
 		return NULL;
 	if (pthread_mutex_init(&h->lock, NULL)) {
+		free(h);
+		return NULL;
+	}
+	if (pthread_cond_init(&h->inflight_cv, NULL)) {
+		pthread_mutex_destroy(&h->lock);
 		free(h);
 		return NULL;
 	}
@@ -362,30 +311,43 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	for (unsigned i = 0; i < NPOOLS; i++)
 		emm_tree_init(&h->trees[i]);
 	h->open = emm_heap_fence_new(h);
-	if (!h->open) {
+	h->orphans[0] = h->open ? emm_heap_fence_new(h) : NULL;
+	h->orphans[1] = h->orphans[0] ? emm_heap_fence_new(h) : NULL;
+	if (!h->orphans[1]) {
+		free(h->open);
+		free(h->orphans[0]);
+		pthread_cond_destroy(&h->inflight_cv);
 		pthread_mutex_destroy(&h->lock);
 		free(h);
 		return NULL;
 	}
 	emm_heap_fence_reset(h->open);
+	emm_heap_fence_reset(h->orphans[0]);
+	emm_heap_fence_reset(h->orphans[1]);
 	return h;
 }
 
 static void arena_destroy(struct arena *h, bool release_segments)
 {
-	/* No other thread may use the heap any more, so nothing here takes the
-	 * lock, and the waits below are never under it. */
+	/* No other thread may use the heap any more. The lock is taken only
+	 * where a helper drops and retakes it; the waits are never under it. */
 	if (release_segments && h->has_fence) {
-		/* Wait for every pending fence before the memory goes back. */
-		if (emm_heap_close_epoch(h) != 0 && h->open->nblocks && h->fops.device_synchronize) {
-			h->fops.device_synchronize(h->fops.ctx); /* could not close (capture) */
+		/* Wait for every pending fence and orphan before the memory goes
+		 * back: close the epoch (a capture may forbid it), else and for
+		 * orphans of non-blocking streams, synchronize the device. */
+		arena_lock(h);
+		emm_heap_close_epoch(h);
+		bool need_sync = h->open->nblocks || h->orphans[0]->nblocks || h->orphans[1]->nblocks;
+		arena_unlock(h);
+		if (need_sync && h->fops.device_synchronize) {
+			fop_device_synchronize(h);
 			h->st.host_waits++;
 		}
 		for (struct emm_fence *f = h->fq_head; f; f = f->next) {
 			if (f->retired || f->synced || !h->fops.synchronize)
 				continue;
 			for (unsigned i = f->done; i < f->nevents; i++) {
-				h->fops.synchronize(h->fops.ctx, f->events[i]);
+				fop_synchronize(h, f->events[i]);
 				h->st.host_waits++;
 			}
 		}
@@ -395,8 +357,11 @@ static void arena_destroy(struct arena *h, bool release_segments)
 		}
 		h->fq_head = h->fq_tail = NULL;
 		if (h->has_last_fence && !h->last_fence_owner)
-			h->fops.release(h->fops.ctx, h->last_fence);
+			fop_release(h, h->last_fence);
 		h->has_last_fence = false;
+		emm_heap_garbage_drop(h, true);
+	} else {
+		emm_heap_garbage_drop(h, false);
 	}
 
 	/* Forget every address; give segments back if asked. */
@@ -408,8 +373,13 @@ static void arena_destroy(struct arena *h, bool release_segments)
 				emm_blockmap_take(b->addr);
 		emm_segmap_remove(s->base);
 		if (release_segments) {
-			if (h->src.free(h->src.state, s->base, s->size, EMM_STREAM_SYNC) == 0)
+			/* The heap goes away whatever happens: try every segment. */
+			int r = h->src.free(h->src.state, s->base, s->size, EMM_STREAM_SYNC);
+			if (r == 0)
 				h->st.backend_frees++;
+			else
+				emm_warn("segment source failed to free 0x%llx (+%zu) at destroy: %d",
+				         (unsigned long long)s->base, s->size, r);
 		}
 	}
 
@@ -421,6 +391,10 @@ static void arena_destroy(struct arena *h, bool release_segments)
 		fnext = f->next;
 		drop_fence_struct(f);
 	}
+	for (struct emm_fence *f = atomic_load(&h->fence_returned), *fnext; f; f = fnext) {
+		fnext = f->next;
+		drop_fence_struct(f);
+	}
 	if (!release_segments) {
 		for (struct emm_fence *f = h->fq_head, *fnext; f; f = fnext) {
 			fnext = f->next;
@@ -428,11 +402,14 @@ static void arena_destroy(struct arena *h, bool release_segments)
 		}
 	}
 	drop_fence_struct(h->open);
+	drop_fence_struct(h->orphans[0]);
+	drop_fence_struct(h->orphans[1]);
 	for (void *slab = h->slabs, *snext; slab; slab = snext) {
 		snext = *(void **)slab;
 		free(slab);
 	}
 	free(h->nb);
+	pthread_cond_destroy(&h->inflight_cv);
 	pthread_mutex_destroy(&h->lock);
 	free(h);
 }
@@ -493,10 +470,13 @@ int emm_heap_flush(emm_heap_t *heap)
 		return -EINVAL;
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		int ri = emm_heap_close_epoch(h);
+		int ro = emm_heap_resolve_orphans(h);
 		emm_heap_poll_fences(h);
-		pthread_mutex_unlock(&h->lock);
+		arena_unlock_release(h);
+		if (!ri)
+			ri = ro;
 		if (ri && !r)
 			r = ri;
 	}
@@ -512,12 +492,12 @@ int emm_heap_last_fence(emm_heap_t *heap, uint64_t *ret_event)
 	for (unsigned k = 0; k < heap->narenas; k++) {
 		struct arena *h = heap->arenas[(first + k) & (heap->narenas - 1)];
 		int r = -ENOENT;
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		if (h->has_last_fence) {
 			*ret_event = h->last_fence;
 			r = 0;
 		}
-		pthread_mutex_unlock(&h->lock);
+		arena_unlock(h);
 		if (r == 0)
 			return 0;
 	}
@@ -533,21 +513,24 @@ long long emm_heap_release_idle(emm_heap_t *heap, size_t keep)
 		return -EINVAL;
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		emm_heap_close_epoch(h);
 		emm_heap_poll_fences(h);
 		idle[i] = h->st.reserved - h->st.allocated;
-		pthread_mutex_unlock(&h->lock);
+		arena_unlock_release(h);
 	}
 	/* `keep` is for the whole heap: spend it on the arenas in order. */
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
 		size_t k = idle[i] < keep ? idle[i] : keep;
 		keep -= k;
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		struct emm_segment *list = emm_pool_release_collect(h, k);
-		pthread_mutex_unlock(&h->lock);
-		total += emm_pool_release_finish(h, list);
+		arena_unlock(h);
+		long long r = emm_pool_release_finish(h, list);
+		if (r < 0)
+			return r; /* the failed segment and the later ones stay */
+		total += r;
 	}
 	return total;
 }

@@ -32,6 +32,8 @@
  * every other key is blocking-class (ordered by the legacy stream).
  *
  * Thread safety: every function may be called from any thread concurrently.
+ * No fence op and no segment source call is made while the heap holds one
+ * of its locks, so they may take their own locks freely.
  * Errors are negative errno values; out-parameters are untouched on failure.
  */
 #ifndef EMM_ALLOCATOR_HEAP_H
@@ -172,23 +174,27 @@ int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
 
 /* Stream lifecycle, so epochs know the live non-blocking streams. For a
  * non-blocking stream this also makes it wait (fence->stream_wait, on the
- * GPU) on emm_heap_last_fence's event, atomically with the announcement. */
+ * GPU) on emm_heap_last_fence's event; no epoch closing meanwhile makes
+ * blocks ready-any without an event this stream is ordered after. */
 void emm_heap_stream_created(emm_heap_t *heap, emm_stream_t stream, bool nonblocking);
-/* The stream is about to be destroyed (it still lives): its ready-stream
- * blocks become fenced by a marker recorded on it now. It stays known as
- * non-blocking (the destroy may fail). */
-void emm_heap_stream_fence(emm_heap_t *heap, emm_stream_t stream);
-/* The stream is destroyed: forget it as a non-blocking stream; any
- * ready-stream blocks freed on it since emm_heap_stream_fence are fenced as
- * there. */
+/* The stream is being destroyed (call it before the real destroy): its
+ * ready-stream blocks become fenced by a marker recorded on it now. If none
+ * can be recorded (capture, failed record) they are orphaned, out of every
+ * allocation's reach until its work is known finished: a blocking-class
+ * stream's by the next epoch close, a non-blocking stream's by the device
+ * synchronize emm_heap_flush does once no capture forbids it. */
 void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream);
 
-/* Close the open epoch now and move completed fences to ready (sync points,
- * capture end). */
+/* Close the open epoch now, synchronize the device for orphans of destroyed
+ * non-blocking streams (a host wait; see emm_heap_stream_destroyed), and
+ * move completed fences to ready (sync points; call it on every heap at
+ * capture end). -EBUSY while a capture forbids it. */
 int emm_heap_flush(emm_heap_t *heap);
 
 /* Return idle segments to the source until at most `keep` idle bytes remain.
- * Returns bytes released (>= 0) or a negative errno. */
+ * Returns bytes released (>= 0) or a negative errno: the source's error if
+ * it failed a free (that segment and the ones not yet handled stay idle in
+ * the heap, still counted and reusable). */
 long long emm_heap_release_idle(emm_heap_t *heap, size_t keep);
 
 /* Add this heap's counters into *out (fields are summed; peaks summed too). */
@@ -205,7 +211,7 @@ int emm_heap_device(const emm_heap_t *heap);
  * no non-blocking stream is live, its blocks become ready-any at once: the
  * legacy event orders every later use on blocking and per-thread streams.
  * Each newly created non-blocking stream must wait on this event:
- * emm_heap_stream_created(..., true) does that itself, under the heap lock.
+ * emm_heap_stream_created(..., true) does that itself.
  * The heap owns the event; it stays valid only until the next epoch close
  * or heap destroy, so this is for diagnostics and tests.
  */

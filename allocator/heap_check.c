@@ -11,6 +11,7 @@
 #include <pthread.h>
 
 #include "allocator/ptrmap.h"
+#include "common/compiler.h"
 #include "common/log.h"
 
 #define CHECK(cond, ...)                                                                                     \
@@ -88,6 +89,10 @@ static int check_locked(struct arena *h)
 				      (unsigned long long)prev->addr, (unsigned long long)b->addr);
 				ready[b->pool]++;
 				break;
+			case BLOCK_RESERVED:
+				CHECK(!emm_tree_node_linked(&b->node), "reserved block 0x%llx in a tree",
+				      (unsigned long long)b->addr);
+				break;
 			case BLOCK_PENDING:
 				CHECK(!emm_tree_node_linked(&b->node), "pending block 0x%llx in a tree",
 				      (unsigned long long)b->addr);
@@ -117,26 +122,30 @@ static int check_locked(struct arena *h)
 		      "pool %u tree holds %zu blocks, %zu ready blocks found", pool, h->trees[pool].count,
 		      ready[pool]);
 
-	/* Fences: the open epoch, then the closed FIFO. */
+	/* Fences: the open epoch, the orphans, the busy list, the closed FIFO. */
 	size_t listed = 0;
-	for (struct emm_fence *f = h->open; f; f = f == h->open ? h->fq_head : f->next) {
-		size_t n = 0, bytes = 0;
-		for (struct emm_block *b = f->blocks; b; b = b->link) {
-			CHECK(b->state == BLOCK_PENDING && b->fence == f,
-			      "fence list holds block 0x%llx in state %u", (unsigned long long)b->addr,
-			      b->state);
-			CHECK(b->seg && b->seg->live, "fence holds block 0x%llx of a dead segment",
-			      (unsigned long long)b->addr);
-			n++;
-			bytes += b->size;
+	struct emm_fence *lists[] = {h->open, h->orphans[0], h->orphans[1], h->busy, h->fq_head};
+	for (unsigned li = 0; li < EMM_ARRAY_SIZE(lists); li++) {
+		for (struct emm_fence *f = lists[li]; f; f = li < 3 ? NULL : f->next) {
+			size_t n = 0, bytes = 0;
+			for (struct emm_block *b = f->blocks; b; b = b->link) {
+				CHECK(b->state == BLOCK_PENDING && b->fence == f,
+				      "fence list holds block 0x%llx in state %u", (unsigned long long)b->addr,
+				      b->state);
+				CHECK(b->seg && b->seg->live, "fence holds block 0x%llx of a dead segment",
+				      (unsigned long long)b->addr);
+				n++;
+				bytes += b->size;
+			}
+			CHECK(n == f->nblocks && bytes == f->bytes, "fence counts %u blocks/%zu bytes, lists %zu/%zu",
+			      f->nblocks, f->bytes, n, bytes);
+			CHECK(!f->retired || n == 0, "retired fence still holds blocks");
+			CHECK(li < 3 || f->done <= f->nevents, "fence event index past its events");
+			CHECK(li >= 3 || f->nevents == 0, "open or orphan fence with events");
+			if (li == 4 && f->next == NULL)
+				CHECK(h->fq_tail == f, "fence FIFO tail disagrees");
+			listed += n;
 		}
-		CHECK(n == f->nblocks && bytes == f->bytes, "fence counts %u blocks/%zu bytes, lists %zu/%zu",
-		      f->nblocks, f->bytes, n, bytes);
-		CHECK(!f->retired || n == 0, "retired fence still holds blocks");
-		CHECK(f == h->open || f->done <= f->nevents, "fence event index past its events");
-		if (f->next == NULL && f != h->open)
-			CHECK(h->fq_tail == f, "fence FIFO tail disagrees");
-		listed += n;
 	}
 	CHECK(listed == npending, "%zu pending blocks, %zu on fence lists", npending, listed);
 
@@ -173,9 +182,9 @@ int emm_heap_check(emm_heap_t *heap)
 		return -EINVAL;
 	for (unsigned i = 0; i < heap->narenas && r == 0; i++) {
 		struct arena *h = heap->arenas[i];
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		r = check_locked(h);
-		pthread_mutex_unlock(&h->lock);
+		arena_unlock(h);
 	}
 	return r;
 }

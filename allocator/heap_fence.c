@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * allocator/heap_fence.c - fences and epochs of one arena: fence structs
- * and their events, closing the open epoch of synchronous frees, polling
- * closed fences, fencing a stream key's ready blocks, stealing another
- * stream's ready block, and the stream lifecycle (non-blocking streams
- * created and destroyed). The emm_heap_stream_* entry points take each
- * arena's lock; every other function here expects it held.
+ * allocator/heap_fence.c - fences and epochs of one arena: fence structs,
+ * the garbage they leave (events released and structs recycled with the
+ * lock dropped), closing the open epoch of synchronous frees, polling
+ * closed fences, fencing a stream key's ready blocks, and the orphans of
+ * destroyed streams. Every function here expects the arena lock held; those
+ * that call fence ops drop it around them (heap_internal.h: lock order).
  */
 #include "allocator/heap_internal.h"
 
@@ -15,7 +15,7 @@
 
 #include "common/log.h"
 
-#define STEAL_CANDIDATES 8u /* streams tried per steal */
+#define POLL_BATCH 16u /* events queried per lock drop */
 
 /* --- fence structs -------------------------------------------------------- */
 
@@ -23,6 +23,8 @@ struct emm_fence *emm_heap_fence_new(struct arena *h)
 {
 	struct emm_fence *f = h->fence_free;
 
+	if (!f) /* structs recycled by garbage release, without the lock */
+		f = atomic_exchange_explicit(&h->fence_returned, NULL, memory_order_acquire);
 	if (f) {
 		h->fence_free = f->next;
 	} else {
@@ -34,7 +36,7 @@ struct emm_fence *emm_heap_fence_new(struct arena *h)
 	return f;
 }
 
-/* Room for n events. */
+/* Room for n events and their target streams. */
 static int fence_reserve(struct emm_fence *f, unsigned n)
 {
 	if (f->cap >= n)
@@ -46,6 +48,10 @@ static int fence_reserve(struct emm_fence *f, unsigned n)
 	if (!ev)
 		return -ENOMEM;
 	f->events = ev;
+	emm_stream_t *tg = realloc(f->targets, cap * sizeof(*tg));
+	if (!tg)
+		return -ENOMEM;
+	f->targets = tg;
 	f->cap = cap;
 	return 0;
 }
@@ -57,24 +63,90 @@ void emm_heap_fence_reset(struct emm_fence *f)
 	f->nblocks = 0;
 	f->max_size[0] = f->max_size[1] = 0;
 	f->nevents = f->done = 0;
+	f->rel_from = 0;
 	f->holds = 0;
 	f->synced = f->retired = f->keep_legacy = false;
 }
 
-/* Release a finished fence's events (all but a shared last fence) and
- * put the struct on the recycle list. */
-void emm_heap_fence_recycle(struct arena *h, struct emm_fence *f)
+/* A fence with no events left to release back on the recycle list. */
+static void fence_put(struct arena *h, struct emm_fence *f)
 {
-	for (unsigned i = 0; i < f->nevents; i++) {
-		if (i == 0 && f->keep_legacy) {
-			h->last_fence_owner = NULL; /* the heap owns it alone now */
-			continue;
-		}
-		h->fops.release(h->fops.ctx, f->events[i]);
-	}
 	emm_heap_fence_reset(f);
 	f->next = h->fence_free;
 	h->fence_free = f;
+}
+
+/* A finished fence: its events (all but a shared last fence) become
+ * garbage, released once the lock drops; then the struct is recycled. */
+void emm_heap_fence_recycle(struct arena *h, struct emm_fence *f)
+{
+	f->rel_from = 0;
+	if (f->keep_legacy) {
+		h->last_fence_owner = NULL; /* the heap owns it alone now */
+		f->keep_legacy = false;
+		f->rel_from = 1;
+	}
+	if (f->rel_from >= f->nevents) {
+		fence_put(h, f);
+		return;
+	}
+	f->next = h->dead;
+	h->dead = f;
+	h->has_garbage = true;
+}
+
+static void garbage_lone(struct arena *h, uint64_t ev)
+{
+	h->lone[h->nlone++] = ev;
+	h->has_garbage = true;
+}
+
+void emm_heap_garbage_take(struct arena *h, struct fgarbage *g)
+{
+	g->dead = h->dead;
+	g->nlone = h->nlone;
+	for (unsigned i = 0; i < h->nlone; i++)
+		g->lone[i] = h->lone[i];
+	h->dead = NULL;
+	h->nlone = 0;
+	h->has_garbage = false;
+}
+
+static void fence_return(struct arena *h, struct emm_fence *f)
+{
+	emm_heap_fence_reset(f);
+	f->next = atomic_load_explicit(&h->fence_returned, memory_order_relaxed);
+	while (!atomic_compare_exchange_weak_explicit(&h->fence_returned, &f->next, f, memory_order_release,
+	                                              memory_order_relaxed))
+		;
+}
+
+/* Lock not held. */
+void emm_heap_garbage_release(struct arena *h, struct fgarbage *g)
+{
+	struct emm_fence *f, *next;
+
+	for (unsigned i = 0; i < g->nlone; i++)
+		fop_release(h, g->lone[i]);
+	for (f = g->dead; f; f = next) {
+		next = f->next;
+		for (unsigned i = f->rel_from; i < f->nevents; i++)
+			fop_release(h, f->events[i]);
+		fence_return(h, f);
+	}
+}
+
+void emm_heap_garbage_drop(struct arena *h, bool call_ops)
+{
+	struct fgarbage g;
+
+	emm_heap_garbage_take(h, &g);
+	if (!call_ops) {
+		g.nlone = 0;
+		for (struct emm_fence *f = g.dead; f; f = f->next)
+			f->rel_from = f->nevents;
+	}
+	emm_heap_garbage_release(h, &g);
 }
 
 /* Every block of a completed fence becomes ready-any. */
@@ -93,9 +165,40 @@ static void fence_release_blocks(struct arena *h, struct emm_fence *f)
 	f->max_size[0] = f->max_size[1] = 0;
 }
 
+void emm_heap_fence_move(struct arena *h, struct emm_fence *from, struct emm_fence *to)
+{
+	struct emm_block *b = from->blocks, *next;
+
+	for (; b; b = next) {
+		next = b->link;
+		h->st.pending -= b->size;
+		pending_add(h, to, b);
+	}
+	from->blocks = NULL;
+	from->nblocks = 0;
+	from->bytes = 0;
+	from->max_size[0] = from->max_size[1] = 0;
+}
+
+static void busy_add(struct arena *h, struct emm_fence *f)
+{
+	f->next = h->busy;
+	h->busy = f;
+}
+
+static void busy_del(struct arena *h, struct emm_fence *f)
+{
+	struct emm_fence **pp = &h->busy;
+
+	while (*pp != f)
+		pp = &(*pp)->next;
+	*pp = f->next;
+	f->next = NULL;
+}
+
 /* --- fences --------------------------------------------------------------- */
 
-static bool is_nonblocking(const struct arena *h, emm_stream_t s)
+bool emm_heap_is_nonblocking(const struct arena *h, emm_stream_t s)
 {
 	for (unsigned i = 0; i < h->nb_count; i++)
 		if (h->nb[i] == s)
@@ -107,7 +210,14 @@ static bool is_nonblocking(const struct arena *h, emm_stream_t s)
  * the legacy stream is a barrier for blocking and per-thread streams. */
 emm_stream_t emm_heap_fence_target(const struct arena *h, emm_stream_t s)
 {
-	return is_nonblocking(h, s) ? s : EMM_STREAM_LEGACY;
+	return emm_heap_is_nonblocking(h, s) ? s : EMM_STREAM_LEGACY;
+}
+
+/* May the last fence be replaced now? Not while a thread waits on it with
+ * the lock dropped, nor when its release would find no room. */
+static bool can_set_last_fence(const struct arena *h)
+{
+	return h->lf_users == 0 && (!h->has_last_fence || h->last_fence_owner || h->nlone < LONE_MAX);
 }
 
 static void set_last_fence(struct arena *h, uint64_t ev, struct emm_fence *owner)
@@ -116,7 +226,7 @@ static void set_last_fence(struct arena *h, uint64_t ev, struct emm_fence *owner
 		if (h->last_fence_owner)
 			h->last_fence_owner->keep_legacy = false; /* its fence releases it */
 		else
-			h->fops.release(h->fops.ctx, h->last_fence);
+			garbage_lone(h, h->last_fence);
 	}
 	h->last_fence = ev;
 	h->has_last_fence = true;
@@ -137,15 +247,20 @@ static void fence_enqueue(struct arena *h, struct emm_fence *f)
 
 /*
  * Close the open epoch: one event on the legacy stream and one on each live
- * non-blocking stream. 0 (closed, or nothing to close), -EBUSY (a capture
- * forbids recording: the epoch stays open), or another negative errno.
+ * non-blocking stream. Blocking-class orphans join it (the legacy event
+ * orders their destroyed stream's earlier work). Under the lock the epoch
+ * is swapped for a new open one and parked on the busy list (its blocks
+ * stay pending); the records run with the lock dropped; then it is
+ * published. 0 (closed, or nothing to close), -EBUSY (a capture forbids
+ * recording: the epoch stays open), or another negative errno.
  */
 int emm_heap_close_epoch(struct arena *h)
 {
-	struct emm_fence *ep = h->open, *next_open = NULL;
-	int r;
+	struct emm_fence *ep = h->open, *next_open;
+	unsigned n, gen, phase, i;
+	int r = 0;
 
-	if (ep->nblocks == 0)
+	if (ep->nblocks == 0 && h->orphans[0]->nblocks == 0)
 		return 0;
 	if (!h->has_fence) {
 		h->st.epochs_closed++;
@@ -154,100 +269,84 @@ int emm_heap_close_epoch(struct arena *h)
 	}
 	if (f_capturing(h, EMM_STREAM_SYNC))
 		return -EBUSY;
-	for (unsigned i = 0; i < h->nb_count; i++)
+	for (i = 0; i < h->nb_count; i++)
 		if (f_capturing(h, h->nb[i]))
 			return -EBUSY;
-	if (h->nb_count || h->p.host_accessible) {
-		next_open = emm_heap_fence_new(h);
-		if (!next_open)
-			return -ENOMEM;
+	n = 1 + h->nb_count;
+	next_open = emm_heap_fence_new(h);
+	if (!next_open)
+		return -ENOMEM;
+	r = fence_reserve(ep, n);
+	if (r) {
+		fence_put(h, next_open);
+		return r;
 	}
-	r = fence_reserve(ep, 1 + h->nb_count);
-	if (r)
-		goto fail;
-	r = h->fops.record(h->fops.ctx, EMM_STREAM_LEGACY, &ep->events[0]);
-	if (r)
-		goto fail;
-	ep->nevents = 1;
-	h->st.events_recorded++;
-	for (unsigned i = 0; i < h->nb_count; i++) {
-		r = h->fops.record(h->fops.ctx, h->nb[i], &ep->events[1 + i]);
-		if (r) {
-			for (unsigned j = 0; j < ep->nevents; j++)
-				h->fops.release(h->fops.ctx, ep->events[j]);
-			ep->nevents = 0;
-			goto fail;
-		}
-		ep->nevents++;
-		h->st.events_recorded++;
+	emm_heap_fence_reset(next_open);
+	ep->targets[0] = EMM_STREAM_LEGACY;
+	for (i = 0; i < h->nb_count; i++)
+		ep->targets[1 + i] = h->nb[i];
+	emm_heap_fence_move(h, h->orphans[0], ep);
+	gen = h->nb_gen;
+	h->open = next_open;
+	busy_add(h, ep);
+	phase = emm_heap_inflight_enter(h);
+	arena_unlock_release(h);
+
+	for (i = 0; i < n; i++) {
+		r = fop_record(h, ep->targets[i], &ep->events[i]);
+		if (r)
+			break;
 	}
+	if (r)
+		for (unsigned j = 0; j < i; j++)
+			fop_release(h, ep->events[j]);
+
+	arena_lock(h);
+	busy_del(h, ep);
+	emm_heap_inflight_leave(h, phase);
+	if (r) {
+		/* Nothing recorded: the blocks wait in the open epoch again. */
+		emm_heap_fence_move(h, ep, h->open);
+		fence_put(h, ep);
+		return r;
+	}
+	ep->nevents = n;
+	ep->done = 0;
+	h->st.events_recorded += n;
 	h->st.epochs_closed++;
-	if (!h->nb_count && !h->p.host_accessible) {
+	bool can_last = can_set_last_fence(h);
+	if (n == 1 && !h->p.host_accessible && gen == h->nb_gen && can_last) {
 		/* Fast path: the legacy event orders every later use on blocking
 		 * and per-thread streams, and new non-blocking streams wait on it
-		 * (emm_heap_last_fence). The blocks are ready at once. Not for
-		 * host-accessible memory: the host writes a reused pinned block
-		 * at once, outside every stream, so it must wait for completion
-		 * (a copy from it may still be in flight: measured on the H200). */
+		 * (emm_heap_last_fence; one created while the lock was dropped
+		 * changed nb_gen and sends us the slow way). The blocks are ready
+		 * at once. Not for host-accessible memory: the host writes a
+		 * reused pinned block at once, outside every stream, so it must
+		 * wait for completion (a copy from it may still be in flight:
+		 * measured on the H200). */
 		set_last_fence(h, ep->events[0], NULL);
 		ep->nevents = 0;
 		fence_release_blocks(h, ep);
+		fence_put(h, ep);
 		return 0;
 	}
-	set_last_fence(h, ep->events[0], ep);
-	ep->done = 0;
+	if (can_last)
+		set_last_fence(h, ep->events[0], ep);
 	fence_enqueue(h, ep);
-	emm_heap_fence_reset(next_open);
-	h->open = next_open;
 	return 0;
-fail:
-	if (next_open) {
-		emm_heap_fence_reset(next_open);
-		next_open->next = h->fence_free;
-		h->fence_free = next_open;
-	}
-	return r;
 }
 
-/* Have all of a closed fence's events completed? Queries only (no host
- * wait), never while a global capture is active. *capture: 0 unchecked,
- * 1 checked and free, 2 capturing. */
-static bool fence_complete(struct arena *h, struct emm_fence *f, int *capture)
-{
-	if (f->synced)
-		return true;
-	while (f->done < f->nevents) {
-		if (*capture == 0)
-			*capture = f_capturing(h, EMM_STREAM_SYNC) ? 2 : 1;
-		if (*capture == 2)
-			return false;
-		int r = h->fops.query(h->fops.ctx, f->events[f->done]);
-		h->st.event_queries++;
-		if (r == -EBUSY)
-			return false;
-		if (r != 0 && !h->warned_query) {
-			/* A failed query means a broken context: no more work will
-			 * run on it, so the fence counts as passed. */
-			emm_warn("event query failed (%d): treating the fence as complete", r);
-			h->warned_query = true;
-		}
-		f->done++;
-	}
-	return true;
-}
-
-/* Move completed fences' blocks to ready-any, oldest first, stopping at the
- * first incomplete one. True if any block became ready. */
-bool emm_heap_poll_fences(struct arena *h)
+/* Retire completed fences from the head of the FIFO (no queries): their
+ * blocks become ready-any; structs no thread holds are recycled. */
+static bool poll_retire(struct arena *h)
 {
 	struct emm_fence *prev = NULL, *f = h->fq_head, *next;
 	bool moved = false;
-	int capture = 0;
 
 	for (; f; f = next) {
 		next = f->next;
 		if (!f->retired) {
-			if (!fence_complete(h, f, &capture))
+			if (!f->synced && f->done < f->nevents)
 				break;
 			if (f->nblocks)
 				moved = true;
@@ -269,12 +368,90 @@ bool emm_heap_poll_fences(struct arena *h)
 	return moved;
 }
 
+/* Query up to POLL_BATCH events of the FIFO, oldest first, lock dropped
+ * (the fences held so their events stay alive); *more: all completed and
+ * there may be others. */
+static bool poll_batch(struct arena *h, bool *more)
+{
+	struct emm_fence *held[POLL_BATCH], *evf[POLL_BATCH];
+	unsigned from[POLL_BATCH], nheld = 0, nev = 0, ok, failed = 0;
+	uint64_t evs[POLL_BATCH];
+
+	for (struct emm_fence *f = h->fq_head; f && nev < POLL_BATCH; f = f->next) {
+		if (f->retired || f->synced || f->done >= f->nevents)
+			continue;
+		f->holds++;
+		from[nheld] = f->done;
+		held[nheld++] = f;
+		for (unsigned i = f->done; i < f->nevents && nev < POLL_BATCH; i++) {
+			evs[nev] = f->events[i];
+			evf[nev++] = f;
+		}
+	}
+	*more = false;
+	if (nev == 0)
+		return false;
+	arena_unlock_release(h);
+	for (ok = 0; ok < nev; ok++) {
+		int r = fop_query(h, evs[ok]);
+		if (r == -EBUSY)
+			break;
+		/* A failed query means a broken context: no more work will run
+		 * on it, so the fence counts as passed. */
+		if (r != 0)
+			failed++;
+	}
+	arena_lock(h);
+	h->st.event_queries += ok < nev ? ok + 1 : nev;
+	if (failed && !h->warned_query) {
+		emm_warn("event query failed: treating the fence as complete");
+		h->warned_query = true;
+	}
+	for (unsigned j = 0; j < nheld; j++) {
+		unsigned done = from[j];
+		for (unsigned k = 0; k < ok; k++)
+			done += evf[k] == held[j];
+		if (done > held[j]->done)
+			held[j]->done = done;
+		held[j]->holds--;
+	}
+	*more = ok == nev && nev == POLL_BATCH;
+	return poll_retire(h);
+}
+
+/*
+ * Move completed fences' blocks to ready-any, oldest first, stopping at the
+ * first incomplete one. Events are queried with the lock dropped, never
+ * while a global capture is active. True if any block became ready.
+ */
+bool emm_heap_poll_fences(struct arena *h)
+{
+	bool moved = poll_retire(h), more = true;
+
+	while (more && h->fq_head && !f_capturing(h, EMM_STREAM_SYNC))
+		moved |= poll_batch(h, &more);
+	return moved;
+}
+
+/* The blocks ready under key, pending on fence `to` (orphans). */
+static void key_to_fence(struct arena *h, emm_stream_t key, struct emm_fence *to)
+{
+	struct emm_block *b, *next;
+
+	for (b = emm_pool_collect_key(h, key); b; b = next) {
+		next = b->link;
+		pending_add(h, to, b);
+	}
+}
+
 /* Fence every block ready under stream key `key` with one event recorded on
- * `target`: they become pending until it completes. */
-int emm_heap_fence_key(struct arena *h, emm_stream_t key, emm_stream_t target)
+ * `target`: they become pending until it completes. The record runs with
+ * the lock dropped; the blocks wait on the busy list meanwhile. */
+int emm_heap_fence_key(struct arena *h, emm_stream_t key, emm_stream_t target, struct emm_fence *fail_to)
 {
 	struct emm_fence *f;
 	struct emm_block *b, *next;
+	unsigned phase;
 	int r;
 
 	if (!emm_pool_has_key(h, key))
@@ -286,169 +463,120 @@ int emm_heap_fence_key(struct arena *h, emm_stream_t key, emm_stream_t target)
 		}
 		return 0;
 	}
-	if (f_capturing(h, target))
+	r = f_capturing(h, target) ? -EBUSY : 0;
+	f = r ? NULL : emm_heap_fence_new(h);
+	if (!r && !f)
+		r = -ENOMEM;
+	if (f) {
+		emm_heap_fence_reset(f);
+		r = fence_reserve(f, 1);
+		if (r)
+			fence_put(h, f);
+	}
+	if (r) {
+		if (fail_to)
+			key_to_fence(h, key, fail_to);
+		return r;
+	}
+	key_to_fence(h, key, f);
+	busy_add(h, f);
+	phase = emm_heap_inflight_enter(h);
+	arena_unlock_release(h);
+	r = fop_record(h, target, &f->events[0]);
+	arena_lock(h);
+	busy_del(h, f);
+	if (r) {
+		if (fail_to) {
+			emm_heap_fence_move(h, f, fail_to);
+		} else {
+			for (b = f->blocks; b; b = next) {
+				next = b->link;
+				h->st.pending -= b->size;
+				emm_pool_block_ready(h, b, key);
+			}
+		}
+		fence_put(h, f);
+	} else {
+		f->nevents = 1;
+		h->st.events_recorded++;
+		fence_enqueue(h, f);
+	}
+	/* Last: a destroy of key's stream waits for this, so the blocks put
+	 * back above are in the tree when it looks. */
+	emm_heap_inflight_leave(h, phase);
+	return r;
+}
+
+/*
+ * Orphans of a destroyed non-blocking stream: no event we can still record
+ * orders its work (its handle is gone, and the legacy stream does not wait
+ * for non-blocking streams), so only a device-wide synchronize proves it
+ * finished. That host wait is done here, lock dropped, once recording is
+ * allowed again (emm_heap_flush at capture end, the OOM retry, destroy),
+ * rather than waiting for the program to synchronize by itself: programs in
+ * steady state never do, and the memory would stay parked. It is one wait
+ * per capture that destroyed such a stream with freed blocks, and never on
+ * the allocation or free path. Blocking-class orphans ride along (they are
+ * covered as well). 0, -EBUSY (capture), -ENOSYS, or the op's error (the
+ * orphans are kept).
+ */
+int emm_heap_resolve_orphans(struct arena *h)
+{
+	struct emm_fence *f;
+	int r;
+
+	if (h->orphans[1]->nblocks == 0)
+		return 0;
+	if (!h->fops.device_synchronize)
+		return -ENOSYS;
+	if (f_capturing(h, EMM_STREAM_SYNC))
 		return -EBUSY;
 	f = emm_heap_fence_new(h);
 	if (!f)
 		return -ENOMEM;
 	emm_heap_fence_reset(f);
-	r = fence_reserve(f, 1);
-	if (!r)
-		r = h->fops.record(h->fops.ctx, target, &f->events[0]);
+	emm_heap_fence_move(h, h->orphans[1], f);
+	emm_heap_fence_move(h, h->orphans[0], f);
+	busy_add(h, f);
+	arena_unlock_release(h);
+	r = fop_device_synchronize(h);
+	arena_lock(h);
+	busy_del(h, f);
 	if (r) {
-		f->next = h->fence_free;
-		h->fence_free = f;
-		return r;
+		emm_heap_fence_move(h, f, h->orphans[1]);
+	} else {
+		h->st.host_waits++;
+		fence_release_blocks(h, f);
 	}
-	f->nevents = 1;
-	h->st.events_recorded++;
-	for (b = emm_pool_collect_key(h, key); b; b = next) {
-		next = b->link;
-		pending_add(h, f, b);
-	}
-	fence_enqueue(h, f);
-	return 0;
+	fence_put(h, f);
+	return r;
 }
 
-/*
- * Steal a ready-stream block of another stream T for an allocation on S.
- * The block may be used on S only after T's work on it: record an event on
- * T (or on the legacy stream for blocking-class T) and make S wait for it on
- * the GPU; a synchronous allocation instead needs the event complete.
- */
-struct emm_block *emm_heap_try_steal(struct arena *h, unsigned pool, size_t rounded, emm_stream_t stream)
+/* --- in-flight ops naming streams ----------------------------------------- */
+
+unsigned emm_heap_inflight_enter(struct arena *h)
 {
-	struct emm_block *cand[STEAL_CANDIDATES];
-	unsigned n = 0;
-	struct emm_tree *t = &h->trees[pool];
-	struct emm_tree_node *node = emm_tree_lower_bound(t, 1, 0, 0);
-
-	while (node && n < STEAL_CANDIDATES) {
-		emm_stream_t key = node->key[0];
-		if (key != stream) {
-			struct emm_block *c = find_fit(h, pool, key, rounded);
-			if (c) {
-				unsigned i = n++;
-				while (i > 0 && cand[i - 1]->size > c->size) { /* keep sorted by size */
-					cand[i] = cand[i - 1];
-					i--;
-				}
-				cand[i] = c;
-			}
-		}
-		if (key == UINT64_MAX)
-			break;
-		node = emm_tree_lower_bound(t, key + 1, 0, 0);
-	}
-	if (n == 0)
-		return NULL;
-	if (!h->has_fence)
-		return cand[0];
-
-	bool wait_on_gpu = stream != EMM_STREAM_SYNC && h->fops.stream_wait;
-	if (stream != EMM_STREAM_SYNC && f_capturing(h, stream))
-		return NULL;
-	for (unsigned i = 0; i < n; i++) {
-		emm_stream_t target = emm_heap_fence_target(h, cand[i]->stream);
-		uint64_t ev;
-		int r;
-
-		if (f_capturing(h, target))
-			continue;
-		if (h->fops.record(h->fops.ctx, target, &ev))
-			continue;
-		h->st.events_recorded++;
-		if (wait_on_gpu) {
-			r = h->fops.stream_wait(h->fops.ctx, stream, ev);
-			if (r == 0)
-				h->st.stream_waits++;
-		} else {
-			r = h->fops.query(h->fops.ctx, ev);
-			h->st.event_queries++;
-		}
-		h->fops.release(h->fops.ctx, ev);
-		if (r == 0)
-			return cand[i];
-	}
-	return NULL;
+	unsigned phase = h->inflight_phase;
+	h->inflight[phase]++;
+	return phase;
 }
 
-/* --- stream lifecycle ----------------------------------------------------- */
-
-void emm_heap_stream_created(emm_heap_t *heap, emm_stream_t stream, bool nonblocking)
+void emm_heap_inflight_leave(struct arena *h, unsigned phase)
 {
-	if (!heap || !nonblocking || stream == EMM_STREAM_SYNC)
-		return;
-	for (unsigned i = 0; i < heap->narenas; i++) {
-		struct arena *h = heap->arenas[i];
-		pthread_mutex_lock(&h->lock);
-		if (!is_nonblocking(h, stream)) {
-			if (h->nb_count == h->nb_cap) {
-				unsigned cap = h->nb_cap ? h->nb_cap * 2 : 8;
-				emm_stream_t *nb = realloc(h->nb, cap * sizeof(*nb));
-				if (!nb) {
-					/* Treated as blocking-class: only its own frees
-					 * are then fenced by it. Report, do not fail. */
-					pthread_mutex_unlock(&h->lock);
-					emm_error("out of memory tracking non-blocking stream 0x%llx",
-					          (unsigned long long)stream);
-					continue;
-				}
-				h->nb = nb;
-				h->nb_cap = cap;
-			}
-			h->nb[h->nb_count++] = stream;
-			/* Blocks of fast-path epochs are ready-any although only
-			 * the legacy event orders them: a new non-blocking stream
-			 * must wait on it. Done here, under the lock, so no epoch
-			 * can close between the wait and the announcement. */
-			if (h->has_last_fence && h->fops.stream_wait &&
-			    h->fops.stream_wait(h->fops.ctx, stream, h->last_fence) == 0)
-				h->st.stream_waits++;
-		}
-		pthread_mutex_unlock(&h->lock);
-	}
+	if (--h->inflight[phase] == 0 && h->inflight_waiters)
+		pthread_cond_broadcast(&h->inflight_cv);
 }
 
-/* Fence the ready-stream blocks of `stream` with a marker recorded on it. */
-static void stream_fence_locked(struct arena *h, emm_stream_t stream)
+/* Wait until every op that started before now has left (lock held; the
+ * condition variable drops it while waiting). Ops starting meanwhile count
+ * in the other phase, so a steady stream of them cannot starve the wait. */
+void emm_heap_inflight_quiesce(struct arena *h)
 {
-	if (emm_heap_fence_key(h, stream, stream)) {
-		/* Nothing can be recorded: ready-any (heap.h). */
-		struct emm_block *b, *next;
-		for (b = emm_pool_collect_key(h, stream); b; b = next) {
-			next = b->link;
-			emm_pool_block_ready(h, b, 0);
-		}
-	}
-}
+	unsigned phase = h->inflight_phase;
 
-void emm_heap_stream_fence(emm_heap_t *heap, emm_stream_t stream)
-{
-	if (!heap || stream == EMM_STREAM_SYNC)
-		return;
-	for (unsigned i = 0; i < heap->narenas; i++) {
-		struct arena *h = heap->arenas[i];
-		pthread_mutex_lock(&h->lock);
-		stream_fence_locked(h, stream);
-		pthread_mutex_unlock(&h->lock);
-	}
-}
-
-void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream)
-{
-	if (!heap || stream == EMM_STREAM_SYNC)
-		return;
-	for (unsigned i = 0; i < heap->narenas; i++) {
-		struct arena *h = heap->arenas[i];
-		pthread_mutex_lock(&h->lock);
-		for (unsigned j = 0; j < h->nb_count; j++) {
-			if (h->nb[j] == stream) {
-				h->nb[j] = h->nb[--h->nb_count];
-				break;
-			}
-		}
-		stream_fence_locked(h, stream);
-		pthread_mutex_unlock(&h->lock);
-	}
+	h->inflight_phase ^= 1u;
+	h->inflight_waiters++;
+	while (h->inflight[phase])
+		pthread_cond_wait(&h->inflight_cv, &h->lock);
+	h->inflight_waiters--;
 }

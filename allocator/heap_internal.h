@@ -2,8 +2,9 @@
 /*
  * allocator/heap_internal.h - the heap's private structures, shared by the
  * files that implement heap.h (heap.c, heap_size.c, heap_pool.c,
- * heap_fence.c, heap_stats.c, heap_check.c), the small inline helpers of the
- * alloc/free path, and the prototypes those files call across each other.
+ * heap_fence.c, heap_stream.c, heap_oom.c, heap_stats.c, heap_check.c), the
+ * small inline helpers of the alloc/free path, and the prototypes those
+ * files call across each other.
  * Nothing outside allocator/heap*.c includes it.
  *
  * Data structures (all per arena, under its mutex):
@@ -20,14 +21,36 @@
  *     carries its events and its blocks and sits in a FIFO polled on the
  *     allocation miss path. Closing an epoch with no live non-blocking
  *     stream makes its blocks ready-any at once (the legacy-stream event
- *     orders every later use; see emm_heap_last_fence).
+ *     orders every later use; see emm_heap_last_fence). A fence whose
+ *     events are being recorded (lock dropped) sits on the busy list: its
+ *     blocks are pending like any other until it is published.
+ *   - orphans: ready-stream blocks of a stream destroyed while no marker
+ *     could be recorded on it (capture, failed record); its work may still
+ *     run. Blocking-class ones join the next epoch close (the legacy-stream
+ *     event orders a destroyed blocking stream's earlier work); non-blocking
+ *     ones wait for a device-wide synchronize (heap_fence.c says why).
+ *   - garbage: events to release and fence structs to recycle, gathered
+ *     under the lock and released by the thread that drops it
+ *     (arena_unlock_release).
  *   - idle list: segments whose only block is ready-any (whole and free),
  *     the candidates for release, oldest first.
  *
- * Lock order: heap lock, then the segment map's lock (segmap insert/remove
- * and check run under the heap lock). The block map is only touched outside
+ * Lock order: heap lock, then the segment map's lock (segmap insert and
+ * check run under the heap lock). The block map is only touched outside
  * the heap lock except in emm_heap_find_block and destroy. The heap lock is
- * dropped around the segment source and around host waits.
+ * dropped around the segment source and around every fence operation
+ * (record, query, stream_wait, synchronize, release, device_synchronize:
+ * driver calls in production): under the lock a caller only takes the
+ * blocks off and reserves the fence, then calls the op through the fop_*
+ * wrappers below (which abort in debug builds if an arena lock is held),
+ * then retakes the lock to publish. `capturing` is a state query and may
+ * be asked under the lock. A function documented "lock held" may drop and
+ * retake it inside; callers re-read any state they looked at before.
+ *
+ * Streams named by an op run with the lock dropped (records on a live
+ * non-blocking stream, on a steal candidate's owner) are counted in
+ * inflight[]; emm_heap_stream_destroyed waits for those to finish before
+ * the stream's handle may go.
  *
  * The helpers below are static inline because the cached alloc/free pair
  * (tens of ns) runs through them; the build has no LTO, so a helper the hot
@@ -55,6 +78,7 @@ enum block_state {
 	BLOCK_LIVE,
 	BLOCK_READY,
 	BLOCK_PENDING,
+	BLOCK_RESERVED, /* a steal candidate, out of its tree while its fence op runs */
 };
 
 struct emm_segment;
@@ -96,7 +120,9 @@ struct emm_fence {
 	size_t max_size[NPOOLS]; /* largest block per pool (open epoch: pressure test) */
 	uint64_t *events;
 	unsigned nevents, done, cap; /* events[0..done) are known complete */
-	unsigned holds;              /* threads synchronizing its events with the lock dropped */
+	emm_stream_t *targets;       /* busy: the streams to record events[i] on */
+	unsigned rel_from;           /* garbage: release events[rel_from..nevents) */
+	unsigned holds;              /* threads querying/synchronizing its events, lock dropped */
 	bool synced;                 /* every event was synchronized */
 	bool retired;                /* blocks already made ready, waiting for holds to drop */
 	bool keep_legacy;            /* events[0] is the heap's last fence: do not release it */
@@ -113,9 +139,12 @@ struct heap_counters {
 	uint64_t pending, segments, live_blocks;
 };
 
+#define LONE_MAX 8u /* garbage events not held by a fence struct */
+
 /* One arena: everything below is under its lock. */
 struct arena {
 	pthread_mutex_t lock;
+	pthread_cond_t inflight_cv; /* an inflight[] count dropped to 0 */
 	struct emm_heap *owner;
 	struct emm_heap_params p;
 	struct emm_segment_source src;
@@ -126,6 +155,13 @@ struct arena {
 	struct emm_block *block_free;
 	struct emm_fence *open;              /* never NULL */
 	struct emm_fence *fq_head, *fq_tail; /* closed fences, oldest first */
+	struct emm_fence *busy;              /* fences being recorded or synchronized, lock dropped */
+	struct emm_fence *orphans[2];        /* [0] blocking-class, [1] non-blocking (never NULL) */
+	struct emm_fence *dead;              /* garbage: fences whose events await release */
+	uint64_t lone[LONE_MAX];             /* garbage: events to release */
+	unsigned nlone;
+	bool has_garbage;
+	unsigned inflight[2], inflight_phase, inflight_waiters;
 	struct heap_counters st;
 	int64_t d_allocated, d_requested; /* not yet added to the owner's bytes */
 
@@ -133,14 +169,17 @@ struct arena {
 	struct emm_segment *idle_head, *idle_tail;
 	struct emm_segment *seg_free, *seg_all;
 	struct emm_fence *fence_free;
+	_Atomic(struct emm_fence *) fence_returned; /* recycled without the lock: pushed, taken whole */
 	void *slabs; /* block slabs, chained through their first word */
 
 	emm_stream_t *nb; /* live non-blocking streams */
 	unsigned nb_count, nb_cap;
+	unsigned nb_gen; /* bumped by each non-blocking stream created */
 
 	uint64_t last_fence;
 	bool has_last_fence;
 	struct emm_fence *last_fence_owner; /* pending fence whose events[0] it is */
+	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
 	bool warned_query;
 };
 
@@ -169,6 +208,98 @@ struct emm_heap {
 	_Atomic int64_t reserved, allocated, requested;
 	_Atomic int64_t reserved_peak, allocated_peak, requested_peak;
 };
+
+/* --- locking and fence operations --------------------------------------- */
+
+#ifndef NDEBUG
+/* Arena locks this thread holds (debug builds): a fence op called with one
+ * held aborts (emm_heap_lock_violation, heap.c). */
+extern _Thread_local unsigned emm_heap_lock_depth __attribute__((tls_model("initial-exec")));
+__attribute__((noreturn)) void emm_heap_lock_violation(const char *op);
+#define FOP_CHECK(op)                                       \
+	do {                                                \
+		if (EMM_UNLIKELY(emm_heap_lock_depth != 0)) \
+			emm_heap_lock_violation(op);        \
+	} while (0)
+#else
+#define FOP_CHECK(op) ((void)0)
+#endif
+
+static inline void arena_lock(struct arena *h)
+{
+	pthread_mutex_lock(&h->lock);
+#ifndef NDEBUG
+	emm_heap_lock_depth++;
+#endif
+}
+
+static inline void arena_unlock(struct arena *h)
+{
+#ifndef NDEBUG
+	emm_heap_lock_depth--;
+#endif
+	pthread_mutex_unlock(&h->lock);
+}
+
+/* Every call of h->fops goes through these (but `capturing`: f_capturing). */
+static inline int fop_record(struct arena *h, emm_stream_t s, uint64_t *ret_event)
+{
+	FOP_CHECK("record");
+	return h->fops.record(h->fops.ctx, s, ret_event);
+}
+
+static inline int fop_query(struct arena *h, uint64_t ev)
+{
+	FOP_CHECK("query");
+	return h->fops.query(h->fops.ctx, ev);
+}
+
+static inline int fop_stream_wait(struct arena *h, emm_stream_t s, uint64_t ev)
+{
+	FOP_CHECK("stream_wait");
+	return h->fops.stream_wait(h->fops.ctx, s, ev);
+}
+
+static inline int fop_synchronize(struct arena *h, uint64_t ev)
+{
+	FOP_CHECK("synchronize");
+	return h->fops.synchronize(h->fops.ctx, ev);
+}
+
+static inline void fop_release(struct arena *h, uint64_t ev)
+{
+	FOP_CHECK("release");
+	h->fops.release(h->fops.ctx, ev);
+}
+
+static inline int fop_device_synchronize(struct arena *h)
+{
+	FOP_CHECK("device_synchronize");
+	return h->fops.device_synchronize(h->fops.ctx);
+}
+
+/* Garbage taken off an arena under its lock, released after it drops. */
+struct fgarbage {
+	struct emm_fence *dead;
+	uint64_t lone[LONE_MAX];
+	unsigned nlone;
+};
+
+void emm_heap_garbage_take(struct arena *h, struct fgarbage *g);
+void emm_heap_garbage_release(struct arena *h, struct fgarbage *g);
+
+/* Drop the lock, then release what the locked section left as garbage. */
+static inline void arena_unlock_release(struct arena *h)
+{
+	if (EMM_LIKELY(!h->has_garbage)) {
+		arena_unlock(h);
+		return;
+	}
+	struct fgarbage g;
+	emm_heap_garbage_take(h, &g);
+	arena_unlock(h);
+	emm_heap_garbage_release(h, &g);
+}
 
 /* --- statistics helpers --------------------------------------------------- */
 
@@ -272,6 +403,13 @@ struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm
 void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
                          emm_stream_t stream);
 
+/* Reserve a ready block (steal candidate): out of its tree, state RESERVED. */
+void emm_pool_reserve(struct arena *h, struct emm_block *b);
+/* emm_pool_take_block for a reserved block (no tree to leave; the
+ * remainder merges with ready neighbours of its key). */
+void emm_pool_take_reserved(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
+                            emm_stream_t stream);
+
 /* Gather the blocks ready under `key` (both pools) into a list through
  * link, taking them out of the trees and marking them pending. */
 struct emm_block *emm_pool_collect_key(struct arena *h, emm_stream_t key);
@@ -292,8 +430,6 @@ int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t 
 struct emm_segment *emm_pool_release_collect(struct arena *h, size_t keep);
 long long emm_pool_release_finish(struct arena *h, struct emm_segment *list);
 
-/* --- heap_fence.c: fences, epochs, stealing ------------------------------- */
-
 /* Does stream capture forbid recording on / querying for s now
  * (EMM_STREAM_SYNC: is any global capture active)? */
 static inline bool f_capturing(struct arena *h, emm_stream_t s)
@@ -301,24 +437,55 @@ static inline bool f_capturing(struct arena *h, emm_stream_t s)
 	return h->has_fence && h->fops.capturing && h->fops.capturing(h->fops.ctx, s);
 }
 
+/* --- heap_oom.c: out of memory ------------------------------------------- */
+
+/* Fence, synchronize and release everything idle in the arena (lock held,
+ * dropped around ops); then in the other arenas, one locked at a time. */
+void emm_heap_oom_recover(struct arena *h);
+void emm_heap_oom_recover_others(struct arena *h);
+
+/* --- heap_fence.c: fences, epochs, orphans; heap_stream.c: streams ------- */
+
 struct emm_fence *emm_heap_fence_new(struct arena *h);
+/* Move every pending block of `from` to fence `to`. */
+void emm_heap_fence_move(struct arena *h, struct emm_fence *from, struct emm_fence *to);
+bool emm_heap_is_nonblocking(const struct arena *h, emm_stream_t s);
+/* Ops that name a stream with the lock dropped: enter/leave around them
+ * (lock held at both); quiesce waits for those already started. */
+unsigned emm_heap_inflight_enter(struct arena *h);
+void emm_heap_inflight_leave(struct arena *h, unsigned phase);
+void emm_heap_inflight_quiesce(struct arena *h);
 void emm_heap_fence_reset(struct emm_fence *f);
-/* Release a finished fence's events and put the struct on the recycle list. */
+/* A finished fence: its events become garbage, the struct is recycled. */
 void emm_heap_fence_recycle(struct arena *h, struct emm_fence *f);
+/* Release every garbage event and struct of a heap no thread uses any more
+ * (destroy); with `call_ops` false just forget the events. */
+void emm_heap_garbage_drop(struct arena *h, bool call_ops);
 
 /* The stream an event must be recorded on to order work of stream key s. */
 emm_stream_t emm_heap_fence_target(const struct arena *h, emm_stream_t s);
 
-/* Close the open epoch: 0, -EBUSY (capture: stays open), or -errno. */
+/* Close the open epoch: 0, -EBUSY (capture: stays open), or -errno. Lock
+ * held; dropped around the records. */
 int emm_heap_close_epoch(struct arena *h);
 
-/* Move completed fences' blocks to ready-any; true if any became ready. */
+/* Move completed fences' blocks to ready-any; true if any became ready.
+ * Lock held; dropped around the queries. */
 bool emm_heap_poll_fences(struct arena *h);
 
-/* Fence every block ready under `key` with one event recorded on `target`. */
-int emm_heap_fence_key(struct arena *h, emm_stream_t key, emm_stream_t target);
+/* Fence every block ready under `key` with one event recorded on `target`
+ * (lock held; dropped around the record). On failure the blocks go to
+ * `fail_to` (pending there) if not NULL, else back to ready under key. */
+int emm_heap_fence_key(struct arena *h, emm_stream_t key, emm_stream_t target, struct emm_fence *fail_to);
 
-/* A ready-stream block of another stream, made safe to use on `stream`. */
+/* Non-blocking orphans (and blocking ones with them) after a device-wide
+ * synchronize, if no capture forbids it: 0, -EBUSY, or -errno; 0 too if
+ * there are none. Lock held; dropped around the synchronize. */
+int emm_heap_resolve_orphans(struct arena *h);
+
+/* A ready-stream block of another stream, made safe to use on `stream`,
+ * back in its tree for emm_pool_take_block. Lock held; dropped around the
+ * fence ops. */
 struct emm_block *emm_heap_try_steal(struct arena *h, unsigned pool, size_t rounded, emm_stream_t stream);
 
 #endif

@@ -175,12 +175,9 @@ static inline bool should_split(const struct arena *h, const struct emm_block *b
 	return rounded < h->p.max_split && rem > h->p.small_max;
 }
 
-/* Hand out a ready block: take it out of its tree, split off the remainder
- * (which stays ready under the same key), mark it live. */
-void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
-                         emm_stream_t stream)
+static inline void take_common(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
+                               emm_stream_t stream, bool reserved)
 {
-	tree_take(h, b);
 	if (b->size > rounded && should_split(h, b, rounded)) {
 		struct emm_block *r = block_new(h);
 		if (r) { /* without metadata the whole block goes out: still correct */
@@ -196,9 +193,16 @@ void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, s
 				b->next->prev = r;
 			b->next = r;
 			b->size = rounded;
-			/* b was maximal, so r's other neighbour is not mergeable. */
-			tree_put(h, r);
 			h->st.splits++;
+			if (EMM_UNLIKELY(reserved)) {
+				/* r's other neighbour may have been freed under the
+				 * same key while b was reserved: merge with it. */
+				b->state = BLOCK_LIVE;
+				emm_pool_block_ready(h, r, r->stream);
+			} else {
+				/* b was maximal, so r's other neighbour is not mergeable. */
+				tree_put(h, r);
+			}
 		}
 	}
 	b->state = BLOCK_LIVE;
@@ -209,6 +213,27 @@ void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, s
 	stat_add(&h->st.allocated, &h->st.allocated_peak, &h->st.allocated_total, b->size);
 	stat_add(&h->st.requested, &h->st.requested_peak, &h->st.requested_total, size);
 	stat_delta(h, (int64_t)b->size, (int64_t)size);
+}
+
+/* Hand out a ready block: take it out of its tree, split off the remainder
+ * (which stays ready under the same key), mark it live. */
+void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
+                         emm_stream_t stream)
+{
+	tree_take(h, b);
+	take_common(h, b, rounded, size, stream, false);
+}
+
+void emm_pool_take_reserved(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
+                            emm_stream_t stream)
+{
+	take_common(h, b, rounded, size, stream, true);
+}
+
+void emm_pool_reserve(struct arena *h, struct emm_block *b)
+{
+	tree_take(h, b);
+	b->state = BLOCK_RESERVED;
 }
 
 /* --- stream keys ---------------------------------------------------------- */
@@ -299,9 +324,9 @@ int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t 
 	emm_addr_t addr = 0;
 	int r;
 
-	pthread_mutex_unlock(&h->lock);
+	arena_unlock(h);
 	r = h->src.alloc(h->src.state, seg_size, stream, &addr);
-	pthread_mutex_lock(&h->lock);
+	arena_lock(h);
 	if (r)
 		return r < 0 ? r : -ENOMEM;
 
@@ -317,9 +342,9 @@ int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t 
 			block_recycle(h, b);
 		if (s)
 			seg_recycle(h, s);
-		pthread_mutex_unlock(&h->lock);
+		arena_unlock(h);
 		h->src.free(h->src.state, addr, seg_size, EMM_STREAM_SYNC);
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		return -ENOMEM;
 	}
 	s->base = addr;
@@ -340,55 +365,84 @@ int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t 
 }
 
 /* Take whole idle segments off the heap until at most `keep` idle bytes
- * (reserved - allocated) remain. Returns them chained through next; the
- * caller gives them back with emm_pool_release_finish once the lock is dropped. */
+ * (reserved - allocated) remain. Returns them chained through next, each
+ * still holding its one block (out of the tree) and still in the segment
+ * map; the caller gives them back with emm_pool_release_finish once the
+ * lock is dropped. */
 struct emm_segment *emm_pool_release_collect(struct arena *h, size_t keep)
 {
-	struct emm_segment *list = NULL;
+	struct emm_segment *list = NULL, **tail = &list;
 
 	while (h->idle_head && h->st.reserved - h->st.allocated > keep) {
 		struct emm_segment *s = h->idle_head;
-		struct emm_block *b = s->first;
 
-		tree_take(h, b);
-		block_recycle(h, b);
+		tree_take(h, s->first);
 		seg_unlink(h, s);
-		emm_segmap_remove(s->base);
 		h->st.reserved -= s->size;
 		heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, -(int64_t)s->size);
 		h->st.segments--;
-		s->first = NULL;
-		s->next = list;
-		list = s;
+		/* Oldest first, as they were idle. */
+		s->next = NULL;
+		*tail = s;
+		tail = &s->next;
 	}
 	return list;
 }
 
-/* Called without the lock. Returns the bytes given back. */
+/* A collected segment the source did not take back: the heap's again,
+ * whole, idle and counted. Lock held. */
+static void release_undo(struct arena *h, struct emm_segment *s)
+{
+	seg_link(h, s);
+	h->st.reserved += s->size;
+	heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, (int64_t)s->size);
+	h->st.segments++;
+	emm_pool_block_ready(h, s->first, 0);
+}
+
+/*
+ * Give collected segments back, lock not held. Each leaves the segment map
+ * just before its free. If the source fails one, that segment and every
+ * later one go back to the heap intact (the failed one re-enters the map:
+ * its removal just freed a slot, so only a racing insert could take it)
+ * and the error is returned; else the bytes given back.
+ */
 long long emm_pool_release_finish(struct arena *h, struct emm_segment *list)
 {
 	long long bytes = 0;
 	uint64_t freed = 0;
-	struct emm_segment *s, *next;
+	struct emm_segment *s, *next, *failed = NULL;
+	int r = 0;
 
 	if (!list)
 		return 0;
 	for (s = list; s; s = s->next) {
-		int r = h->src.free(h->src.state, s->base, s->size, EMM_STREAM_SYNC);
+		emm_segmap_remove(s->base);
+		r = h->src.free(h->src.state, s->base, s->size, EMM_STREAM_SYNC);
 		if (r) {
-			emm_warn("segment source failed to free 0x%llx (+%zu): %d",
+			emm_warn("segment source failed to free 0x%llx (+%zu): %d; keeping it",
 			         (unsigned long long)s->base, s->size, r);
-			continue;
+			if (emm_segmap_insert(s->base, s->size, s) != 0)
+				emm_error("segment 0x%llx lost from the segment map", (unsigned long long)s->base);
+			failed = s;
+			break;
 		}
 		bytes += (long long)s->size;
 		freed++;
 	}
-	pthread_mutex_lock(&h->lock);
+	arena_lock(h);
 	h->st.backend_frees += freed;
-	for (s = list; s; s = next) {
+	for (s = list; s != failed; s = next) {
 		next = s->next;
+		block_recycle(h, s->first);
 		seg_recycle(h, s);
 	}
-	pthread_mutex_unlock(&h->lock);
+	for (s = failed; s; s = next) {
+		next = s->next;
+		release_undo(h, s);
+	}
+	arena_unlock(h);
+	if (failed)
+		return r < 0 ? r : -EIO;
 	return bytes;
 }

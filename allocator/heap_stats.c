@@ -25,7 +25,7 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 		return;
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		const struct heap_counters *c = &h->st;
 		out->allocs += c->allocs;
 		out->frees += c->frees;
@@ -57,7 +57,7 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 		out->pending_bytes += c->pending;
 		out->segments += c->segments;
 		out->live_blocks += c->live_blocks;
-		pthread_mutex_unlock(&h->lock);
+		arena_unlock(h);
 	}
 	out->reserved_bytes_peak +=
 	    (uint64_t)atomic_load_explicit(&heap->reserved_peak, memory_order_relaxed);
@@ -75,7 +75,7 @@ void emm_heap_idle_info(emm_heap_t *heap, size_t *ret_idle, size_t *ret_largest)
 
 	for (unsigned i = 0; heap && i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
-		pthread_mutex_lock(&h->lock);
+		arena_lock(h);
 		idle += h->st.reserved - h->st.allocated;
 		/* The largest block of each key group is the one before the next
 		 * group's first. */
@@ -92,7 +92,7 @@ void emm_heap_idle_info(emm_heap_t *heap, size_t *ret_idle, size_t *ret_largest)
 				n = nx;
 			}
 		}
-		pthread_mutex_unlock(&h->lock);
+		arena_unlock(h);
 	}
 	if (ret_idle)
 		*ret_idle = idle;

@@ -40,9 +40,13 @@ EMM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 	if (emm_state_enabled())
 		emm_state_stream_destroying(hStream);
 	r = CALL_REAL(cuStreamDestroy_v2, hStream);
-	if (r == CUDA_SUCCESS && emm_state_enabled()) {
-		emm_state_stream_destroyed(hStream);
-		emm_capture_stream_destroyed(hStream);
+	if (emm_state_enabled()) {
+		if (r == CUDA_SUCCESS) {
+			emm_state_stream_destroyed(hStream);
+			emm_capture_stream_destroyed(hStream);
+		} else {
+			emm_state_stream_destroy_failed(hStream);
+		}
 	}
 	return r;
 }

@@ -262,11 +262,12 @@ void emm_state_report_oom(emm_heap_t *heap, size_t size);
 /* A stream was created in the current context (after the real call). */
 void emm_state_stream_created(CUstream stream, bool nonblocking);
 /* A stream is about to be destroyed (before the real call): its freed
- * blocks are fenced by a marker recorded on it while it lives. */
+ * blocks are fenced by a marker recorded on it while it lives, and the heaps
+ * stop recording on it. Then, after the real call: it succeeded - forget the
+ * stream; it failed - the stream lives on and is fenced as before. */
 void emm_state_stream_destroying(CUstream stream);
-/* The real destroy succeeded: forget the stream (a failed destroy leaves
- * it registered and fenced as before). */
 void emm_state_stream_destroyed(CUstream stream);
+void emm_state_stream_destroy_failed(CUstream stream);
 
 /* Capture begun / ended on `stream` (after the real call). `graph` is the
  * graph cuStreamEndCapture returned, NULL when the capture failed. */

@@ -99,6 +99,23 @@ static void stream_insert(emm_stream_t key, CUcontext ctx, bool nonblocking)
 	st_rwunlock(&stream_lock);
 }
 
+/* Is the stream registered; its blocking flag. */
+static bool stream_lookup(emm_stream_t key, bool *ret_nonblocking)
+{
+	bool found = false;
+
+	st_rdlock(&stream_lock);
+	for (struct stream_node *n = stream_buckets[stream_bucket(key)]; n; n = n->next) {
+		if (n->key == key) {
+			*ret_nonblocking = n->nonblocking;
+			found = true;
+			break;
+		}
+	}
+	st_rwunlock(&stream_lock);
+	return found;
+}
+
 /* Remove a stream; its context (NULL if unknown). */
 static CUcontext stream_remove(emm_stream_t key)
 {
@@ -309,27 +326,39 @@ void emm_state_stream_destroying(CUstream stream)
 
 	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
-	/* While the stream still lives: its ready blocks get a marker
-	 * recorded on it. The stream stays registered (the destroy may fail). */
+	/* While the stream still lives: its ready blocks get a marker recorded
+	 * on it (or wait as orphans), and the heaps stop recording on it. The
+	 * registry keeps it until the destroy succeeds. */
 	emm_state_enter();
 	n = heaps_of_stream(key, heaps);
 	for (size_t i = 0; i < n; i++)
-		emm_heap_stream_fence(heaps[i], key);
+		emm_heap_stream_destroyed(heaps[i], key);
+	emm_state_leave();
+}
+
+void emm_state_stream_destroy_failed(CUstream stream)
+{
+	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
+	emm_stream_t key = emm_state_stream_key(stream, false);
+	bool nonblocking = false;
+	size_t n;
+
+	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key) || !stream_lookup(key, &nonblocking))
+		return;
+	/* The stream lives on: the heaps fence it again (a non-blocking one is
+	 * announced anew, and waits on the latest epoch marker). */
+	emm_state_enter();
+	n = heaps_of_stream(key, heaps);
+	for (size_t i = 0; i < n; i++)
+		emm_heap_stream_created(heaps[i], key, nonblocking);
 	emm_state_leave();
 }
 
 void emm_state_stream_destroyed(CUstream stream)
 {
-	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
 	emm_stream_t key = emm_state_stream_key(stream, false);
-	size_t n;
 
 	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
-	emm_state_enter();
-	n = heaps_of_stream(key, heaps);
 	(void)stream_remove(key);
-	for (size_t i = 0; i < n; i++)
-		emm_heap_stream_destroyed(heaps[i], key);
-	emm_state_leave();
 }

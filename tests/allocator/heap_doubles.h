@@ -6,11 +6,16 @@
  *   fake_src   - a segment source handing out fake addresses from a bump
  *                pointer (with a guard gap, so segments are never adjacent),
  *                with a capacity and a switch to fail the next N calls;
- *                checks every free against what it handed out.
+ *                checks every free against what it handed out, and can
+ *                fail the Nth free (fail_free_at).
  *   fake_fence - fence ops whose events complete only when the test says so
  *                (or at once with auto_complete); logs stream waits, counts
  *                host waits, flags use of a released event and double
- *                releases; capture can be switched on per stream.
+ *                releases; capture can be switched on per stream; aborts
+ *                if called under an allocator lock (debug builds); an
+ *                optional probe runs at the start of every operation
+ *                (test-heap-unlocked uses it to see whether a heap lock
+ *                is held at that moment).
  *
  * Both are thread-safe (one mutex each) for the stress test.
  */
@@ -21,10 +26,12 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "allocator/heap.h"
+#include "allocator/heap_debug.h"
 
 #define FAKE_MIB ((size_t)1 << 20)
 
@@ -41,6 +48,8 @@ struct fake_src {
 	size_t capacity; /* bytes that may be live at once */
 	size_t used;
 	int fail_next; /* fail this many calls with -ENOMEM */
+	unsigned fail_free_at; /* fail the Nth free call (1-based; 0: never) with -EIO */
+	unsigned free_calls;
 	unsigned allocs, frees, failures, bad_frees;
 	struct fake_seg *segs;
 	size_t nsegs, cap;
@@ -86,6 +95,11 @@ static inline int fake_src_free(void *state, emm_addr_t addr, size_t size, emm_s
 	struct fake_src *s = state;
 	(void)stream;
 	pthread_mutex_lock(&s->lock);
+	if (++s->free_calls == s->fail_free_at) {
+		s->failures++;
+		pthread_mutex_unlock(&s->lock);
+		return -EIO;
+	}
 	/* Addresses only grow, so segs is sorted: binary search. */
 	size_t lo = 0, hi = s->nsegs;
 	while (lo < hi) {
@@ -155,7 +169,23 @@ struct fake_fence {
 	unsigned nwaits;
 	unsigned records, queries, syncs, device_syncs, releases;
 	unsigned misuse; /* query/wait/sync on a released or unknown event, double release */
+	/* Called first thing in every operation but `capturing`, outside the
+	 * double's lock, with the operation's name (NULL: none). */
+	void (*probe)(const char *op);
 };
+
+static inline void fake_probe(struct fake_fence *f, const char *op)
+{
+	/* Fence ops are driver calls in production: never under a heap lock
+	 * (counted in debug builds; the heap's own wrappers abort first). */
+	if (emm_heap_debug_lock_depth() != 0) {
+		fprintf(stderr, "fake_fence: %s called under %u allocator lock(s)\n", op,
+		        emm_heap_debug_lock_depth());
+		abort();
+	}
+	if (f->probe)
+		f->probe(op);
+}
 
 static inline struct fake_event *fake_ev(struct fake_fence *f, uint64_t id)
 {
@@ -169,6 +199,7 @@ static inline struct fake_event *fake_ev(struct fake_fence *f, uint64_t id)
 static inline int fake_record(void *ctx, emm_stream_t stream, uint64_t *ret)
 {
 	struct fake_fence *f = ctx;
+	fake_probe(f, "record");
 	pthread_mutex_lock(&f->lock);
 	if (stream == EMM_STREAM_SYNC)
 		f->misuse++;
@@ -195,6 +226,7 @@ static inline int fake_record(void *ctx, emm_stream_t stream, uint64_t *ret)
 static inline int fake_query(void *ctx, uint64_t id)
 {
 	struct fake_fence *f = ctx;
+	fake_probe(f, "query");
 	pthread_mutex_lock(&f->lock);
 	struct fake_event *e = fake_ev(f, id);
 	f->queries++;
@@ -206,6 +238,7 @@ static inline int fake_query(void *ctx, uint64_t id)
 static inline int fake_stream_wait(void *ctx, emm_stream_t stream, uint64_t id)
 {
 	struct fake_fence *f = ctx;
+	fake_probe(f, "stream_wait");
 	pthread_mutex_lock(&f->lock);
 	fake_ev(f, id);
 	if (f->nwaits < 256)
@@ -218,6 +251,7 @@ static inline int fake_stream_wait(void *ctx, emm_stream_t stream, uint64_t id)
 static inline int fake_synchronize(void *ctx, uint64_t id)
 {
 	struct fake_fence *f = ctx;
+	fake_probe(f, "synchronize");
 	pthread_mutex_lock(&f->lock);
 	struct fake_event *e = fake_ev(f, id);
 	if (e)
@@ -232,6 +266,7 @@ static inline int fake_synchronize(void *ctx, uint64_t id)
 static inline void fake_release(void *ctx, uint64_t id)
 {
 	struct fake_fence *f = ctx;
+	fake_probe(f, "release");
 	pthread_mutex_lock(&f->lock);
 	struct fake_event *e = fake_ev(f, id);
 	if (e)
@@ -243,6 +278,7 @@ static inline void fake_release(void *ctx, uint64_t id)
 static inline int fake_device_synchronize(void *ctx)
 {
 	struct fake_fence *f = ctx;
+	fake_probe(f, "device_synchronize");
 	pthread_mutex_lock(&f->lock);
 	f->done_upto = f->max_done = f->nev;
 	f->device_syncs++;

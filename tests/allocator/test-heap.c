@@ -623,7 +623,8 @@ TEST_BEGIN(test_epoch_capture)
 TEST_END
 
 /* Stream destroy: the stream's ready blocks are fenced by an event on it;
- * without a possible record (capture) they become ready-any. */
+ * without a possible record (capture) they stay pending, orphaned, until
+ * recording is allowed again. */
 TEST_BEGIN(test_stream_destroy)
 {
 	struct emm_heap_params p = defaults();
@@ -649,11 +650,20 @@ TEST_BEGIN(test_stream_destroy)
 	expect_u64_eq(st.stream_waits, 0);
 	CHECKH(h);
 
-	/* Capture on the dying stream: nothing can be recorded. */
+	/* Capture on the dying stream: nothing can be recorded, and its work
+	 * may still run after the destroy. The block stays out of reach of
+	 * every allocation until a marker can order it (test-heap-orphan). */
 	xfree(a, S2);
 	fence.capture_stream = S2;
 	emm_heap_stream_destroyed(h, S2);
+	st = heap_stats(h);
+	expect_u64_eq(st.pending_bytes, 1 * MIB);
+	expect_u64_eq(xalloc(h, 1 * MIB, 0), b); /* the only ready memory */
+	expect_int_eq(emm_heap_alloc(h, 1 * MIB, S1, &r), -ENOMEM);
+	CHECKH(h);
+	xfree(b, 0);
 	fence.capture_stream = 0;
+	expect_int_eq(emm_heap_flush(h), 0); /* the next epoch's legacy event */
 	st = heap_stats(h);
 	expect_u64_eq(st.pending_bytes, 0);
 	size_t idle = 0, largest = 0;

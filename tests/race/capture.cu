@@ -25,16 +25,29 @@
  *   With the real driver this program would be using freed memory, so the
  *   part skips (77) without libemm.
  *
+ * --part destroyed-stream (global-mode capture on B; A destroyed meanwhile):
+ *   a ~50 ms kernel on A writes a buffer; the buffer is cudaFreeAsync'd on A
+ *   and A is destroyed while another thread holds a global-mode capture on
+ *   B, so no marker can be recorded on A. Blocks of the buffer's size that
+ *   stream C allocates (cudaMallocAsync and cudaMalloc, relaxed mode) during
+ *   and after the capture must not overlap the buffer while the kernel runs,
+ *   nor end up holding its pattern. --simulate-reuse hands out the busy
+ *   buffer itself and requires the checks to flag it (the self-test).
+ *   With --stream blocking, A is a blocking stream.
+ *
  * --stream blocking captures on a cudaStreamCreate stream instead of a
  * non-blocking one: then anything libemm enqueued on the legacy stream during
  * the capture (an epoch's fence event) would join the capture implicitly and
  * invalidate it.
  *
- * Usage: capture [--part async-nodes|relaxed-free|freed-in-graph|all]
- *                [--stream nonblocking|blocking] [--allow-no-emm]
+ * Usage: capture [--part async-nodes|relaxed-free|freed-in-graph|destroyed-stream|all]
+ *                [--stream nonblocking|blocking] [--allow-no-emm] [--simulate-reuse]
  *                (all = the first two)
  */
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "race_util.h"
 
@@ -378,6 +391,182 @@ static void part_freed_in_graph(void)
 	CK(cudaDeviceSynchronize());
 }
 
+/* ---- destroyed-stream ------------------------------------------------------------ */
+
+/* Writes `a` over p[0..n) until spin_ns passed, one last pass, then done = 1. */
+__global__ void spin_writer(uint32_t *p, size_t n, uint32_t a, uint64_t spin_ns, volatile uint32_t *done)
+{
+	uint64_t t0 = race_gtimer();
+	volatile uint32_t *vp = p;
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	do {
+		for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+			vp[i] = a;
+	} while (race_gtimer() - t0 < spin_ns);
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+		vp[i] = a;
+	__threadfence_system();
+	__syncthreads();
+	if (threadIdx.x == 0)
+		atomicAdd((unsigned *)done, 1u); /* done == gridDim.x: every block finished */
+}
+
+static bool g_simulate; /* --simulate-reuse: hand out the busy buffer itself */
+
+/*
+ * A kernel on stream A writes buf for ~50 ms; buf is freed stream-ordered on
+ * A and A is destroyed while another thread holds a global-mode capture on
+ * B (no marker can be recorded then). Meanwhile and after the capture, the
+ * main thread (relaxed capture mode, as PyTorch does) allocates blocks of
+ * buf's size, half with cudaMallocAsync on stream C, half with cudaMalloc,
+ * and fills them on C. No block handed out while the kernel still ran may
+ * overlap buf, and no block may end up holding the kernel's pattern.
+ */
+static void part_destroyed_stream(void)
+{
+	printf("== destroyed-stream: a stream destroyed with a freed busy block during a global capture\n");
+	const size_t n = (512 << 10) / 4, gn = 1 << 16;
+	const unsigned K = 16, GRID_W = 8;
+	const uint32_t A = 0xA11CE5A5u, B = 0xB0B0B0B0u;
+	cudaStream_t a, b, c;
+	make_capture_stream(&a); /* --stream blocking: A is a blocking stream */
+	CK(cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking));
+	CK(cudaStreamCreateWithFlags(&c, cudaStreamNonBlocking));
+	struct race_mapped done = race_mapped_alloc(4096);
+	volatile uint32_t *done_flag = (volatile uint32_t *)done.host;
+	*done_flag = 0;
+	uint32_t *buf, *gbuf, *dev_done;
+	CK(cudaHostGetDevicePointer((void **)&dev_done, done.host, 0));
+	CK(cudaMalloc((void **)&gbuf, gn * 4));
+	CK(cudaMalloc((void **)&buf, n * 4));
+	CK(cudaDeviceSynchronize());
+	cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+	CK(cudaThreadExchangeStreamCaptureMode(&mode));
+
+	spin_writer<<<GRID_W, 256, 0, a>>>(buf, n, A, 50000000ull, dev_done);
+	CK_LAUNCH();
+	if (!g_simulate)
+		CK(cudaFreeAsync(buf, a));
+
+	std::mutex mu;
+	std::condition_variable cv;
+	int phase = 0; /* 1: capture begun; 2: end it; 3: ended */
+	cudaError_t eb = cudaSuccess, ee = cudaSuccess;
+	cudaGraph_t g = NULL;
+	std::thread cap([&] {
+		CK(cudaSetDevice(0));
+		eb = cudaStreamBeginCapture(b, cudaStreamCaptureModeGlobal);
+		if (eb == cudaSuccess)
+			fill_affine<<<GRID, 256, 0, b>>>(gbuf, gn, 3, 1);
+		{
+			std::unique_lock<std::mutex> lk(mu);
+			phase = 1;
+			cv.notify_all();
+			cv.wait(lk, [&] { return phase == 2; });
+		}
+		if (eb == cudaSuccess)
+			ee = cudaStreamEndCapture(b, &g);
+		std::lock_guard<std::mutex> lk(mu);
+		phase = 3;
+		cv.notify_all();
+	});
+	{
+		std::unique_lock<std::mutex> lk(mu);
+		cv.wait(lk, [&] { return phase == 1; });
+	}
+	cudaError_t ed = cudaStreamDestroy(a);
+
+	std::vector<uint32_t *> got;
+	std::vector<bool> while_running;
+	unsigned overlaps = 0, alloc_errors = 0;
+	auto take = [&](unsigned i) {
+		uint32_t *p = NULL;
+		cudaError_t e = g_simulate ? cudaSuccess
+		                : i % 2 ? cudaMalloc((void **)&p, n * 4)
+		                        : cudaMallocAsync((void **)&p, n * 4, c);
+		if (g_simulate)
+			p = i == 0 ? buf : NULL; /* what a broken allocator would do */
+		if (e != cudaSuccess) {
+			if (!alloc_errors)
+				printf("allocation %u -> %s\n", i, cudaGetErrorName(e));
+			alloc_errors++;
+			cudaGetLastError();
+			return;
+		}
+		if (!p)
+			return;
+		bool running = *done_flag < GRID_W;
+		bool overlap = (uintptr_t)p < (uintptr_t)(buf + n) && (uintptr_t)buf < (uintptr_t)(p + n);
+		if (running && overlap) {
+			if (!overlaps)
+				printf("allocation %u (%p) overlaps the buffer %p the kernel is still writing\n", i,
+				       (void *)p, (void *)buf);
+			overlaps++;
+		}
+		race_fill_u32<<<GRID, 256, 0, c>>>(p, n, B);
+		CK_LAUNCH();
+		got.push_back(p);
+		while_running.push_back(running);
+	};
+	for (unsigned i = 0; i < K; i++)
+		take(i); /* during the capture */
+	bool running_at_end;
+	{
+		std::unique_lock<std::mutex> lk(mu);
+		running_at_end = *done_flag < GRID_W;
+		phase = 2;
+		cv.notify_all();
+		cv.wait(lk, [&] { return phase == 3; });
+	}
+	cap.join();
+	for (unsigned i = K; i < 2 * K; i++)
+		take(i); /* after the capture */
+	CK(cudaDeviceSynchronize());
+	mode = cudaStreamCaptureModeRelaxed;
+	CK(cudaThreadExchangeStreamCaptureMode(&mode));
+
+	unsigned corrupted = 0, early = 0;
+	for (size_t i = 0; i < got.size(); i++) {
+		early += while_running[i];
+		size_t first = 0, bad = count_bad(got[i], n, [&](size_t) { return B; }, &first);
+		if (bad) {
+			if (!corrupted)
+				printf("block %zu (%p): %zu words overwritten (first %zu) by the destroyed stream's kernel\n",
+				       i, (void *)got[i], bad, first);
+			corrupted++;
+		}
+	}
+	printf("begin capture -> %s, destroy -> %s, end capture -> %s; kernel %s when the capture ended; %zu "
+	       "blocks, %u issued while the kernel ran, %u overlapping it, %u corrupted\n",
+	       cudaGetErrorName(eb), cudaGetErrorName(ed), cudaGetErrorName(ee),
+	       running_at_end ? "still running" : "already finished", got.size(), early, overlaps, corrupted);
+	race_check(eb == cudaSuccess && ee == cudaSuccess && g, "the global capture failed");
+	race_check(ed == cudaSuccess, "cudaStreamDestroy during the capture -> %s", cudaGetErrorName(ed));
+	race_check(alloc_errors == 0, "%u allocations failed", alloc_errors);
+	if (g_simulate) {
+		/* Self-test: the checks below must catch the reuse. */
+		race_check(overlaps > 0 && corrupted > 0, "simulate-reuse: the overlap was not flagged (%u, %u)",
+		           overlaps, corrupted);
+	} else {
+		race_check(overlaps == 0, "%u blocks overlapping the busy buffer were handed out", overlaps);
+		race_check(corrupted == 0, "%u blocks were corrupted by the destroyed stream's kernel", corrupted);
+		race_check(early > 0 || !race_emm_active(), "no block was issued while the kernel ran: nothing tested");
+	}
+
+	for (size_t i = 0; i < got.size(); i++)
+		if (!(g_simulate && got[i] == buf))
+			CK(cudaFree(got[i]));
+	if (g_simulate)
+		CK(cudaFree(buf));
+	if (g)
+		CK(cudaGraphDestroy(g));
+	CK(cudaFree(gbuf));
+	CK(cudaStreamDestroy(b));
+	CK(cudaStreamDestroy(c));
+	race_mapped_free(&done);
+	CK(cudaDeviceSynchronize());
+}
+
 int main(int argc, char **argv)
 {
 	std::string part = "all";
@@ -386,11 +575,12 @@ int main(int argc, char **argv)
 		std::string a = argv[i];
 		if (a == "--part" && i + 1 < argc) part = argv[++i];
 		else if (a == "--allow-no-emm") allow_no_emm = true;
+		else if (a == "--simulate-reuse") g_simulate = true;
 		else if (a == "--stream" && i + 1 < argc && std::string(argv[i + 1]) == "blocking") { g_blocking = true; i++; }
 		else if (a == "--stream" && i + 1 < argc && std::string(argv[i + 1]) == "nonblocking") { g_blocking = false; i++; }
 		else {
-			fprintf(stderr, "usage: capture [--part async-nodes|relaxed-free|freed-in-graph|all] "
-					"[--stream nonblocking|blocking] [--allow-no-emm]\n");
+			fprintf(stderr, "usage: capture [--part async-nodes|relaxed-free|freed-in-graph|destroyed-stream|all] "
+					"[--stream nonblocking|blocking] [--allow-no-emm] [--simulate-reuse]\n");
 			return 2;
 		}
 	}
@@ -410,7 +600,10 @@ int main(int argc, char **argv)
 		}
 		part_freed_in_graph();
 	}
-	if (part != "all" && part != "async-nodes" && part != "relaxed-free" && part != "freed-in-graph") {
+	if (part == "destroyed-stream")
+		part_destroyed_stream();
+	if (part != "all" && part != "async-nodes" && part != "relaxed-free" && part != "freed-in-graph" &&
+	    part != "destroyed-stream") {
 		fprintf(stderr, "unknown part '%s'\n", part.c_str());
 		return 2;
 	}

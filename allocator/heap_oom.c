@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/heap_oom.c - out-of-memory recovery of the allocation miss path:
+ * fence and synchronize everything pending in an arena and give its idle
+ * segments back, then the same for the other arenas, before the one retry.
+ */
+#include "allocator/heap_internal.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+/*
+ * Out of memory: close the open epoch, resolve orphans, fence every
+ * ready-stream block, synchronize every pending fence (host waits, lock
+ * dropped), then give all idle segments back. Lock held on entry and on
+ * return; dropped around every fence op.
+ */
+void emm_heap_oom_recover(struct arena *h)
+{
+	struct emm_fence **held = NULL;
+	uint64_t *events = NULL;
+	size_t nheld = 0, nevents = 0;
+
+	emm_heap_close_epoch(h);
+	if (h->has_fence) {
+		emm_heap_resolve_orphans(h);
+		for (emm_stream_t key = emm_pool_next_key(h, 0); key; key = emm_pool_next_key(h, key))
+			emm_heap_fence_key(h, key, emm_heap_fence_target(h, key), NULL);
+
+		bool can_sync = h->fops.synchronize && !f_capturing(h, EMM_STREAM_SYNC);
+		size_t nf = 0, ne = 0;
+		for (struct emm_fence *f = h->fq_head; f; f = f->next) {
+			if (!f->retired && !f->synced) {
+				nf++;
+				ne += f->nevents - f->done;
+			}
+		}
+		if (can_sync && nf) {
+			held = malloc(nf * sizeof(*held));
+			events = malloc((ne ? ne : 1) * sizeof(*events));
+		}
+		if (held && events) {
+			for (struct emm_fence *f = h->fq_head; f; f = f->next) {
+				if (f->retired || f->synced)
+					continue;
+				f->holds++; /* its events stay alive while we wait */
+				held[nheld++] = f;
+				for (unsigned i = f->done; i < f->nevents; i++)
+					events[nevents++] = f->events[i];
+			}
+			arena_unlock_release(h);
+			size_t failed = 0;
+			for (size_t i = 0; i < nevents; i++)
+				if (fop_synchronize(h, events[i]))
+					failed++;
+			arena_lock(h);
+			h->st.host_waits += nevents;
+			for (size_t i = 0; i < nheld; i++) {
+				held[i]->holds--;
+				if (!failed)
+					held[i]->synced = true;
+			}
+		}
+		free(held);
+		free(events);
+	}
+	emm_heap_poll_fences(h);
+	struct emm_segment *list = emm_pool_release_collect(h, 0);
+	if (list) {
+		arena_unlock_release(h);
+		emm_pool_release_finish(h, list);
+		arena_lock(h);
+	}
+}
+
+/* The other arenas' idle memory goes back too (one arena locked at a time:
+ * ours is dropped meanwhile). Lock held on entry and on return. */
+void emm_heap_oom_recover_others(struct arena *h)
+{
+	struct emm_heap *heap = h->owner;
+
+	if (heap->narenas == 1)
+		return;
+	arena_unlock_release(h);
+	for (unsigned i = 0; i < heap->narenas; i++) {
+		struct arena *a = heap->arenas[i];
+		if (a == h)
+			continue;
+		arena_lock(a);
+		emm_heap_oom_recover(a);
+		arena_unlock_release(a);
+	}
+	arena_lock(h);
+}
