@@ -106,9 +106,12 @@ def main():
         tests = read_log(path)
         row = Row(label, note)
         sub = {}
-        if tests is None:
+        missing = tests is None
+        if missing:
             tests = []
+            row.failed += 1
             row.note = (note + "; " if note else "") + "no test log"
+            failures.append("%s: no test log at %s (meson test exited %s)" % (label, path, arg))
         for t in tests:
             res = t.get("result", "?")
             suite, name = split_name(t.get("name", "?"))
@@ -130,7 +133,7 @@ def main():
                     partials.append("%s / %s: %s" % (label, name, text))
             elif res not in SKIPPED:
                 failures.append("%s / %s: %s" % (label, name, res))
-        if arg not in ("", "0") and row.failed == 0:
+        if not missing and arg not in ("", "0") and row.failed == 0:
             row.failed += 1
             failures.append("%s: meson test exited %s without a failed test (build or setup error?)"
                             % (label, arg))
