@@ -8,7 +8,11 @@
  * expect_* records a failure and continues; assert_* records it and leaves
  * the test. A test may call emm_test_skip("why") (counts as skipped). Each
  * program ends with one line "N passed, N failed, N skipped" and exits 0 if
- * nothing failed, 77 if everything was skipped, 1 otherwise.
+ * nothing failed, 77 if everything was skipped, 1 otherwise. When some tests
+ * passed and some were skipped it also prints the partial-skip line
+ * (emm_partial.h, tests/common/README.md):
+ *
+ *   EMM-PARTIAL: ran P, skipped S (test_x: why; test_y: why)
  */
 #ifndef EMM_TEST_H
 #define EMM_TEST_H
@@ -21,12 +25,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "emm_partial.h"
+
 typedef void (*emm_test_fn)(void);
 
 struct emm_test_state {
 	const char *name;
 	int failures;
 	bool skipped;
+	char skip_why[160];
 };
 
 extern struct emm_test_state emm_test_current;
@@ -104,6 +111,10 @@ static inline void emm_test_skip(const char *why)
 {
 	fprintf(stderr, "%s: skipped: %s\n", emm_test_current.name, why);
 	emm_test_current.skipped = true;
+	snprintf(emm_test_current.skip_why, sizeof(emm_test_current.skip_why), "%s", why ? why : "?");
+	for (char *c = emm_test_current.skip_why; *c; c++)
+		if (*c == '\n' || *c == '\r')
+			*c = ' '; /* the marker is one line */
 }
 
 struct emm_test_state emm_test_current;
@@ -111,17 +122,22 @@ struct emm_test_state emm_test_current;
 static inline int emm_test_run_list(emm_test_fn *tests)
 {
 	int passed = 0, failed = 0, skipped = 0;
+	char why[1024] = "";
 	for (emm_test_fn *t = tests; *t; t++) {
 		emm_test_current.failures = 0;
 		emm_test_current.skipped = false;
+		emm_test_current.skip_why[0] = '\0';
 		emm_test_current.name = "?";
 		(*t)();
 		if (emm_test_current.failures) {
 			failed++;
 			fprintf(stderr, "FAIL %s\n", emm_test_current.name);
 		} else if (emm_test_current.skipped) {
+			size_t len = strlen(why);
 			skipped++;
 			fprintf(stderr, "SKIP %s\n", emm_test_current.name);
+			snprintf(why + len, sizeof(why) - len, "%s%s: %s", len ? "; " : "", emm_test_current.name,
+			         emm_test_current.skip_why);
 		} else {
 			passed++;
 			fprintf(stderr, "ok   %s\n", emm_test_current.name);
@@ -129,6 +145,8 @@ static inline int emm_test_run_list(emm_test_fn *tests)
 	}
 	printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
 	fflush(stdout);
+	if (!failed && passed > 0)
+		emm_partial_print((unsigned)passed, (unsigned)skipped, why);
 	if (failed)
 		return 1;
 	if (passed == 0 && skipped > 0)

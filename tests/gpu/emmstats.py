@@ -8,7 +8,14 @@ ESCAPE lines naming a path the pool did not see, and one summary line
 
     emm-served: case=NAME made=N allocs=N pinned_allocs=N ...
 
-that scripts/gpu-check collects. Exit codes: 0 pass, 1 fail, 77 skip.
+that scripts/gpu-check collects. Exit codes: 0 pass, 1 fail, 77 skip (the
+whole script). A step that cannot be tested here raises Skip("why") (or the
+script calls case.skip_part("why")): the script still passes, and finish()
+prints the partial-skip line of tests/common/README.md,
+
+    EMM-PARTIAL: ran R, skipped S (step: why; ...)
+
+with R and S counted in steps; 77 if every step was skipped.
 """
 import ctypes
 import os
@@ -20,6 +27,7 @@ DEVICE = 0
 PROCESS = -1
 PINNED = -2
 SKIP = 77
+PARTIAL_PREFIX = "EMM-PARTIAL:"
 
 # struct emm_stats (include/emm/emm.h) after struct_size and version, in
 # header order. Checked against the header when the source tree is there.
@@ -46,8 +54,13 @@ class DlInfo(ctypes.Structure):
 
 
 def skip(why):
+    """Skip the whole script (exit 77)."""
     print("skip: " + why, flush=True)
     sys.exit(SKIP)
+
+
+class Skip(Exception):
+    """Raised by a step run through Case.run: that step is skipped (why)."""
 
 
 def header_fields():
@@ -86,6 +99,8 @@ class Case:
         self.name = name
         self.failures = 0
         self.made = 0
+        self.ran = 0
+        self.skipped = []  # reasons, one per skipped step or part
         try:
             fn = ctypes.CDLL(None).emm_stats_get
         except AttributeError:
@@ -155,14 +170,28 @@ class Case:
             self.fail("ESCAPE: %s: %d free(s) made, the pool counted %d (passthrough_frees +%d)"
                       % (path, n, got, b[PROCESS]["passthrough_frees"] - a[PROCESS]["passthrough_frees"]))
 
+    def skip_part(self, why):
+        """One part of a step could not be checked here: counted as skipped."""
+        why = " ".join(str(why).split())  # the marker is one line
+        print("SKIP part: %s" % why, flush=True)
+        self.skipped.append(why)
+
     def run(self, fn):
-        """Run one step; an exception is a failure, and the next step runs."""
+        """Run one step; an exception is a failure, and the next step runs;
+        Skip skips the step."""
         name = fn.__name__
         before = self.failures
         try:
             fn()
+        except Skip as e:
+            if self.failures == before:
+                self.skip_part("%s: %s" % (name, e))
+                print("SKIP %s" % name, file=sys.stderr, flush=True)
+                return
         except Exception:  # noqa: BLE001 - every error is a test failure
             self.fail("%s raised:\n%s" % (name, traceback.format_exc()))
+        if self.failures == before:
+            self.ran += 1
         print("%s %s" % ("FAIL" if self.failures != before else "ok  ", name), file=sys.stderr, flush=True)
 
     def finish(self):
@@ -174,7 +203,15 @@ class Case:
                      p["passthrough_allocs"], p["backend_allocs"], p["frees"], p["live_blocks"]), flush=True)
         else:
             print("emm-served: case=%s libemm=absent made=%d" % (self.name, self.made), flush=True)
-        print("%s: %s" % (self.name, "FAIL (%d)" % self.failures if self.failures else "ok"), flush=True)
+        code = 1 if self.failures else 0
+        if code == 0 and self.skipped and self.ran == 0:
+            print("skip: every step skipped (%s)" % "; ".join(self.skipped), flush=True)
+            code = SKIP
+        elif code == 0 and self.skipped:
+            print("%s ran %d, skipped %d (%s)" % (PARTIAL_PREFIX, self.ran, len(self.skipped),
+                                                 "; ".join(self.skipped)), flush=True)
+        print("%s: %s" % (self.name, "FAIL (%d)" % self.failures if self.failures
+                          else "skipped" if code == SKIP else "ok"), flush=True)
         sys.stdout.flush()
         sys.stderr.flush()
-        sys.exit(1 if self.failures else 0)
+        sys.exit(code)

@@ -4,9 +4,12 @@
 
 Reads meson's JSON test logs (one object per line, as written by
 `meson test --logbase NAME`) and prints Markdown: per suite the counts of
-each result, then one row per test of the suites named with --table, with
+passed, partial, failed and skipped tests (partial: passed with an
+"EMM-PARTIAL: ran R, skipped S (...)" line, tests/common/README.md; listed
+with that line), then one row per test of the suites named with --table, with
 the numbers from its "emm-served:" line (what libemm's pool served for that
-case) and the "ESCAPE:" lines of any path that did not reach libemm.
+case) and the "ESCAPE:" lines of any path that did not reach libemm; last a
+line "N passed, N failed, N skipped (N partial)" over every log.
 
     gpu-summary.py [--table SUITE]... [--compact SUITE]... LOG.json...
 """
@@ -18,6 +21,8 @@ import sys
 
 COLUMNS = ("made", "allocs", "pinned_allocs", "hits", "misses", "passthrough_allocs", "backend_allocs")
 BAD = ("FAIL", "TIMEOUT", "ERROR", "UNEXPECTEDPASS")
+PASSED = ("OK", "EXPECTEDFAIL")
+MARKER = re.compile(r"^EMM-PARTIAL:.*$", re.M)
 
 
 def read_log(path):
@@ -54,6 +59,8 @@ def main():
     out = []
     rows = []
     escapes = []
+    partials = []
+    totals = {"passed": 0, "failed": 0, "skipped": 0, "partial": 0}
     for path in args.logs:
         tests = read_log(path)
         if not tests:
@@ -61,13 +68,23 @@ def main():
         label = os.path.basename(path).replace("-testlog.json", "")
         counts = {}
         failed = []
+        npartial = 0
         for t in tests:
             res = t.get("result", "?")
             counts[res] = counts.get(res, 0) + 1
             suite, name = split_name(t.get("name", "?"))
-            if res in BAD:
-                failed.append(name)
             text = (t.get("stdout") or "") + "\n" + (t.get("stderr") or "")
+            if res in PASSED:
+                totals["passed"] += 1
+                marks = MARKER.findall(text)
+                if marks:
+                    npartial += 1
+                    partials.append("%s: %s" % (name, " | ".join(m.strip() for m in marks)))
+            elif res == "SKIP":
+                totals["skipped"] += 1
+            else:
+                totals["failed"] += 1
+                failed.append(name)
             in_table = any(s in args.table for s in suite.split("+"))
             compact = any(s in args.compact for s in suite.split("+"))
             if in_table or compact:
@@ -79,7 +96,10 @@ def main():
                 escapes += ["%s: %s" % (name, re.sub(r"^.*?ESCAPE:", "ESCAPE:", e)) for e in esc]
                 if in_table or served or esc or res in BAD:
                     rows.append((suite, name, res, t.get("duration", 0.0), served, len(esc)))
+        totals["partial"] += npartial
         summary = ", ".join("%d %s" % (n, r.lower()) for r, n in sorted(counts.items()))
+        if npartial:
+            summary += " (%d of them partial)" % npartial
         out.append("- **%s**: %d tests: %s%s" % (label, len(tests), summary,
                                                   ("; failed: " + ", ".join(failed)) if failed else ""))
 
@@ -102,6 +122,12 @@ def main():
         print("\n### Paths that escaped libemm\n")
         for e in escapes:
             print("- " + e)
+    if partials:
+        print("\n### Partial: passed with some cases skipped\n")
+        for p in partials:
+            print("- " + p)
+    print("\n%d passed, %d failed, %d skipped (%d partial)" % (totals["passed"], totals["failed"],
+                                                             totals["skipped"], totals["partial"]))
     return 0
 
 

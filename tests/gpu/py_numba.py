@@ -106,6 +106,9 @@ def test_device_arrays():
     if held is not None:
         kept = max(kept, held)
     case.freed("numba deallocations", a, c, made - kept)
+    if kept:
+        # Not freed, so not checked: say so rather than pass quietly.
+        case.skip_part("free check of %d of %d Numba arrays (Numba still holds their memory)" % (min(kept, made), made))
 
 
 def test_pinned_arrays():

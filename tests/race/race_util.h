@@ -7,7 +7,9 @@
  * going through the pools under test.
  *
  * Every program exits 0 on success, 1 on failure, 77 when no GPU or driver
- * is present. Header-only: each test is one .cu file.
+ * is present (or it could test nothing here); a program that passes with
+ * some of its cases skipped prints the "EMM-PARTIAL: ran R, skipped S (...)"
+ * line of tests/common/emm_partial.h. Header-only: each test is one .cu file.
  */
 #ifndef EMM_RACE_UTIL_H
 #define EMM_RACE_UTIL_H
@@ -31,8 +33,9 @@
 #include <vector>
 
 #include "emm/emm.h"
+#include "../common/emm_partial.h"
 
-#define RACE_SKIP 77
+#define RACE_SKIP EMM_SKIP_EXIT
 
 /* ---- failures ---------------------------------------------------------- */
 

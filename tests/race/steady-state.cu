@@ -167,14 +167,21 @@ int main(int argc, char **argv)
 				rc = 1;
 			}
 		}
-	} else if (emm) {
-		printf("note: libemm disabled: counters not checked\n");
 	}
+	/* Cases: the data check, and the pool counters (only with libemm active). */
+	struct emm_partial part = {};
+	emm_partial_ran(&part);
+	if (active)
+		emm_partial_ran(&part);
+	else
+		emm_partial_skip(&part, "pool counters not checked: libemm %s", emm ? "disabled (EMM_DISABLE)" : "not loaded");
 
 	if (nb)
 		CK(cudaStreamDestroy(nb));
 	CK(cudaFree(errors));
-	if (rc == 0)
+	if (rc == 0) {
 		printf("ok\n");
+		rc = emm_partial_finish(&part);
+	}
 	return rc;
 }
