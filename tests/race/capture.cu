@@ -544,9 +544,11 @@ static void part_destroyed_stream(void)
 	race_check(ed == cudaSuccess, "cudaStreamDestroy during the capture -> %s", cudaGetErrorName(ed));
 	race_check(alloc_errors == 0, "%u allocations failed", alloc_errors);
 	if (g_simulate) {
-		/* Self-test: the checks below must catch the reuse. */
-		race_check(overlaps > 0 && corrupted > 0, "simulate-reuse: the overlap was not flagged (%u, %u)",
-		           overlaps, corrupted);
+		/* Self-test: the overlap check must catch the reuse. (Whether the
+		 * kernel's writes land after the new owner's fill depends on
+		 * timing, so the corruption count is not required here: seen 0 on
+		 * an H100, 2026-11-24.) */
+		race_check(overlaps > 0, "simulate-reuse: the overlap was not flagged (%u, %u)", overlaps, corrupted);
 	} else {
 		race_check(overlaps == 0, "%u blocks overlapping the busy buffer were handed out", overlaps);
 		race_check(corrupted == 0, "%u blocks were corrupted by the destroyed stream's kernel", corrupted);
