@@ -32,6 +32,7 @@
 
 #include "allocator/heap.h"
 #include "allocator/heap_debug.h"
+#include "emm_test.h"
 
 #define FAKE_MIB ((size_t)1 << 20)
 
@@ -357,6 +358,23 @@ static inline struct emm_stats heap_stats(emm_heap_t *h)
 	st.struct_size = sizeof(st);
 	emm_heap_add_stats(h, &st);
 	return st;
+}
+
+/* Allocate / free, recording a test failure on error (emm_test.h). */
+static inline emm_addr_t xalloc(emm_heap_t *h, size_t size, emm_stream_t s)
+{
+	emm_addr_t a = 0;
+	int r = emm_heap_alloc(h, size, s, &a);
+	if (r)
+		emm_test_fail_("alloc %zu on 0x%llx: %d", size, (unsigned long long)s, r);
+	return a;
+}
+
+static inline void xfree(emm_addr_t a, emm_stream_t s)
+{
+	int r = emm_heap_free(a, s, NULL);
+	if (r)
+		emm_test_fail_("free 0x%llx: %d", (unsigned long long)a, r);
 }
 
 #endif

@@ -58,22 +58,6 @@ static void teardown(emm_heap_t *h)
 	fake_fence_fini(&fence);
 }
 
-static emm_addr_t xalloc(emm_heap_t *h, size_t size, emm_stream_t s)
-{
-	emm_addr_t a = 0;
-	int r = emm_heap_alloc(h, size, s, &a);
-	if (r)
-		emm_test_fail_("alloc %zu on 0x%llx: %d", size, (unsigned long long)s, r);
-	return a;
-}
-
-static void xfree(emm_addr_t a, emm_stream_t s)
-{
-	int r = emm_heap_free(a, s, NULL);
-	if (r)
-		emm_test_fail_("free 0x%llx: %d", (unsigned long long)a, r);
-}
-
 /* No allocation, on any stream, may get the orphaned memory. */
 static void expect_unreachable(emm_heap_t *h)
 {

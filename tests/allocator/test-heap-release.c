@@ -26,15 +26,6 @@ static emm_heap_t *setup(struct emm_heap_params *p)
 	return h;
 }
 
-static emm_addr_t xalloc(emm_heap_t *h, size_t size)
-{
-	emm_addr_t a = 0;
-	int r = emm_heap_alloc(h, size, EMM_STREAM_SYNC, &a);
-	if (r)
-		emm_test_fail_("alloc %zu: %d", size, r);
-	return a;
-}
-
 /* Three idle 20 MiB segments; the source fails the 2nd free. */
 TEST_BEGIN(test_release_idle_fails)
 {
@@ -45,7 +36,7 @@ TEST_BEGIN(test_release_idle_fails)
 	assert_ptr_not_null(h);
 	emm_addr_t a[3];
 	for (int i = 0; i < 3; i++)
-		a[i] = xalloc(h, 20 * MIB);
+		a[i] = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
 	for (int i = 0; i < 3; i++)
 		expect_int_eq(emm_heap_free(a[i], EMM_STREAM_SYNC, NULL), 0);
 	expect_u64_eq(heap_stats(h).segments, 3);
@@ -65,7 +56,7 @@ TEST_BEGIN(test_release_idle_fails)
 	expect_u64_eq(largest, 20 * MIB);
 
 	/* Still reusable: no new segment for the next allocation. */
-	emm_addr_t b = xalloc(h, 20 * MIB);
+	emm_addr_t b = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
 	expect_u64_eq(heap_stats(h).backend_allocs, 3);
 	struct emm_block_range range;
 	expect_int_eq(emm_heap_find_block(b + 4096, &range), 0);
@@ -93,14 +84,14 @@ TEST_BEGIN(test_release_threshold_fails)
 	p.release_threshold = 0;
 	emm_heap_t *h = setup(&p);
 	assert_ptr_not_null(h);
-	emm_addr_t a = xalloc(h, 20 * MIB);
+	emm_addr_t a = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
 	src.fail_free_at = 1;
 	expect_int_eq(emm_heap_free(a, EMM_STREAM_SYNC, NULL), 0); /* the free itself succeeds */
 	struct emm_stats st = heap_stats(h);
 	expect_u64_eq(st.segments, 1);
 	expect_u64_eq(st.reserved_bytes, src.used);
 	expect_int_eq(emm_heap_check(h), 0);
-	expect_u64_eq(xalloc(h, 20 * MIB), a); /* reused, not lost */
+	expect_u64_eq(xalloc(h, 20 * MIB, EMM_STREAM_SYNC), a); /* reused, not lost */
 	expect_int_eq(emm_heap_free(a, EMM_STREAM_SYNC, NULL), 0); /* released now */
 	expect_u64_eq(heap_stats(h).segments, 0);
 	expect_u64_eq(src.used, 0);
@@ -119,7 +110,7 @@ TEST_BEGIN(test_destroy_free_fails)
 	emm_heap_t *h = setup(&p);
 	assert_ptr_not_null(h);
 	for (int i = 0; i < 3; i++)
-		xalloc(h, 20 * MIB);
+		xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
 	src.fail_free_at = 1;
 	emm_heap_destroy(h, true);
 	expect_u64_eq(src.frees, 2);

@@ -144,22 +144,6 @@ static struct emm_heap_params defaults(void)
 	return p;
 }
 
-static emm_addr_t xalloc(emm_heap_t *h, size_t size, emm_stream_t s)
-{
-	emm_addr_t a = 0;
-	int r = emm_heap_alloc(h, size, s, &a);
-	if (r)
-		emm_test_fail_("alloc %zu on 0x%llx: %d", size, (unsigned long long)s, r);
-	return a;
-}
-
-static void xfree(emm_addr_t a, emm_stream_t s)
-{
-	int r = emm_heap_free(a, s, NULL);
-	if (r)
-		emm_test_fail_("free 0x%llx: %d", (unsigned long long)a, r);
-}
-
 /* Epoch close with a live non-blocking stream (records on the legacy
  * stream and on it), then polling on the miss path (queries), the fast
  * path's last fence waited on by a new stream, and flush. */
