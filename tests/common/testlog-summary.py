@@ -27,36 +27,15 @@ Prints a table per pass, the partial and failed tests, a line
 Exit 1 if anything failed.
 """
 import json
+import os
 import re
 import sys
 
-PASSED = ("OK", "EXPECTEDFAIL")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testlog import MARKER, PASSED, read_log, split_name  # noqa: E402
+
 SKIPPED = ("SKIP",)
-MARKER = re.compile(r"^EMM-PARTIAL:.*$", re.M)
 SUMMARY = re.compile(r"^(\d+) passed, (\d+) failed, (\d+) skipped\s*$", re.M)
-
-
-def read_log(path):
-    tests = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    try:
-                        tests.append(json.loads(line))
-                    except ValueError:
-                        pass
-    except OSError:
-        return None
-    return tests
-
-
-def split_name(full):
-    """'emm:gpu / runtime-static' -> ('gpu', 'runtime-static')."""
-    suite, _, name = full.partition(" / ")
-    suite = suite.split(":", 1)[-1].split("+")[0]
-    return suite, name or full
 
 
 def partial_text(t):

@@ -14,38 +14,15 @@ line "N passed, N failed, N skipped (N partial)" over every log.
     gpu-summary.py [--table SUITE]... [--compact SUITE]... LOG.json...
 """
 import argparse
-import json
 import os
 import re
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from testlog import MARKER, PASSED, read_log, split_name  # noqa: E402
+
 COLUMNS = ("made", "allocs", "pinned_allocs", "hits", "misses", "passthrough_allocs", "backend_allocs")
 BAD = ("FAIL", "TIMEOUT", "ERROR", "UNEXPECTEDPASS")
-PASSED = ("OK", "EXPECTEDFAIL")
-MARKER = re.compile(r"^EMM-PARTIAL:.*$", re.M)
-
-
-def read_log(path):
-    tests = []
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                line = line.strip()
-                if line:
-                    try:
-                        tests.append(json.loads(line))
-                    except ValueError:
-                        pass
-    except OSError:
-        pass
-    return tests
-
-
-def split_name(full):
-    """'emm:gpu / runtime-static' -> ('gpu', 'runtime-static')."""
-    suite, _, name = full.partition(" / ")
-    suite = suite.split(":", 1)[-1]
-    return suite, name or full
 
 
 def main():
@@ -62,7 +39,7 @@ def main():
     partials = []
     totals = {"passed": 0, "failed": 0, "skipped": 0, "partial": 0}
     for path in args.logs:
-        tests = read_log(path)
+        tests = read_log(path) or []
         if not tests:
             continue
         label = os.path.basename(path).replace("-testlog.json", "")
