@@ -1,0 +1,104 @@
+# SPDX-License-Identifier: MIT
+"""tests/bench/torch_train.py - one variant of a fragmentation-heavy PyTorch
+training loop: a 6-layer transformer encoder trained on batches whose
+sequence length changes every step (so tensor sizes keep changing), with
+NVML's used device memory sampled by a thread every 2 ms. Prints one line
+
+    TORCH-TRAIN variant=NAME steps=N steps_per_s=X peak_nvml_gib=Y loss=L
+
+(`loss` is the last step's loss, for comparing variants' results). The
+variant (how PyTorch allocates) is chosen by the caller's environment:
+PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a cudaMalloc, served by
+libemm when it is preloaded), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
+or neither (PyTorch's caching allocator). tests/bench/run-torch-train.sh
+runs the variants interleaved.
+
+    torch_train.py NAME [--steps N] [--seed S]
+Exit 77 without torch or a GPU.
+"""
+import argparse
+import ctypes
+import sys
+import threading
+import time
+
+
+def nvml_used_sampler():
+    """A callable returning the peak used bytes seen so far, and a stop()."""
+    lib = ctypes.CDLL("libnvidia-ml.so.1")
+    lib.nvmlInit_v2()
+    handle = ctypes.c_void_p()
+    lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+
+    class Mem(ctypes.Structure):
+        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+    peak = [0]
+    stop = threading.Event()
+
+    def sample():
+        m = Mem()
+        while not stop.is_set():
+            if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(m)) == 0:
+                peak[0] = max(peak[0], m.used)
+            time.sleep(0.002)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+
+    def finish():
+        stop.set()
+        t.join()
+        return peak[0]
+
+    return finish
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("name")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print("SKIP: torch is not installed")
+        return 77
+    if not torch.cuda.is_available():
+        print("SKIP: no GPU")
+        return 77
+    torch.manual_seed(args.seed)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dev = torch.device("cuda:0")
+    d_model, heads, layers, batch = 1024, 16, 6, 16
+    layer = torch.nn.TransformerEncoderLayer(d_model, heads, 4 * d_model, dropout=0.0, batch_first=True)
+    model = torch.nn.TransformerEncoder(layer, layers).to(dev)
+    head = torch.nn.Linear(d_model, 1).to(dev)
+    opt = torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-4)
+    g = torch.Generator().manual_seed(args.seed)
+    lengths = [int(x) for x in torch.randint(64, 1024, (args.steps,), generator=g)]
+    finish = nvml_used_sampler()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    loss_v = float("nan")
+    for step, n in enumerate(lengths):
+        x = torch.randn(batch, n, d_model, device=dev)
+        y = torch.randn(batch, n, 1, device=dev)
+        out = head(model(x))
+        loss = torch.nn.functional.mse_loss(out, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step == len(lengths) - 1:
+            loss_v = loss.item()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    peak = finish()
+    print("TORCH-TRAIN variant=%s steps=%d steps_per_s=%.3f peak_nvml_gib=%.3f loss=%.6f"
+          % (args.name, len(lengths), len(lengths) / dt, peak / 2**30, loss_v), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
