@@ -1,0 +1,171 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/gpu/bench_threads.cu - allocation throughput with 1..16 threads, each
+ * keeping a live working set (a measurement, not a test).
+ *
+ * Every thread keeps 64 live buffers of random sizes (256 B - 8 MiB,
+ * log-uniform, from a per-thread seed) and, per iteration, frees one at
+ * random and allocates a new one of a new random size: a working set, not
+ * LIFO pairs. Paths: cudaMalloc/cudaFree (under libemm: its pool; raw: the
+ * driver), and cudaMallocAsync/cudaFreeAsync on a per-thread non-blocking
+ * stream from CUDA's default pool (release threshold raised so it keeps its
+ * memory). Prints one table: million pairs per second (all threads) and the
+ * per-thread median ns per pair, and "THREADS\t..." lines for scripts.
+ *
+ *   bench_threads [--iters N] [--threads 1,2,4,8,16] [--api malloc|async|both]
+ */
+#include <cuda_runtime.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+enum { LIVE = 64 };
+
+static inline long long now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+struct worker_result {
+	long long ns;
+	bool ok;
+};
+
+static size_t random_size(std::mt19937_64 &rng)
+{
+	std::uniform_real_distribution<double> d(std::log(256.0), std::log(8.0 * 1024 * 1024));
+	return (size_t)std::exp(d(rng));
+}
+
+static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_result *out)
+{
+	cudaSetDevice(0);
+	cudaStream_t s = NULL;
+	if (async && cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) != cudaSuccess) {
+		out->ok = false;
+		return;
+	}
+	std::mt19937_64 rng(1000 + id);
+	void *live[LIVE];
+	bool ok = true;
+	auto alloc = [&](void **p, size_t n) {
+		return async ? cudaMallocAsync(p, n, s) == cudaSuccess : cudaMalloc(p, n) == cudaSuccess;
+	};
+	auto release = [&](void *p) { return async ? cudaFreeAsync(p, s) == cudaSuccess : cudaFree(p) == cudaSuccess; };
+	for (int i = 0; i < LIVE; i++)
+		ok &= alloc(&live[i], random_size(rng));
+	/* Warm-up: one pass over the working set. */
+	for (int i = 0; i < LIVE * 4 && ok; i++) {
+		int k = (int)(rng() % LIVE);
+		ok &= release(live[k]) && alloc(&live[k], random_size(rng));
+	}
+	go->fetch_add(1);
+	while (go->load() >= 0 && go->load() < 1000)
+		std::this_thread::yield();
+	long long t0 = now_ns();
+	for (int i = 0; i < iters && ok; i++) {
+		int k = (int)(rng() % LIVE);
+		ok &= release(live[k]) && alloc(&live[k], random_size(rng));
+	}
+	long long t1 = now_ns();
+	for (int i = 0; i < LIVE; i++)
+		release(live[i]);
+	if (async) {
+		cudaStreamSynchronize(s);
+		cudaStreamDestroy(s);
+	}
+	out->ns = t1 - t0;
+	out->ok = ok;
+}
+
+static bool run(int threads, bool async, int iters, double *mpairs, double *median_ns)
+{
+	std::atomic<int> go(0);
+	std::vector<worker_result> res(threads);
+	std::vector<std::thread> ts;
+	for (int t = 0; t < threads; t++)
+		ts.emplace_back(worker, t, async, iters, &go, &res[t]);
+	while (go.load() < threads)
+		std::this_thread::yield();
+	long long t0 = now_ns();
+	go.store(1000);
+	for (auto &t : ts)
+		t.join();
+	long long wall = now_ns() - t0;
+	std::vector<double> per;
+	for (auto &r : res) {
+		if (!r.ok)
+			return false;
+		per.push_back((double)r.ns / iters);
+	}
+	std::sort(per.begin(), per.end());
+	*median_ns = per[per.size() / 2];
+	*mpairs = (double)threads * iters / (wall / 1e9) / 1e6;
+	return true;
+}
+
+int main(int argc, char **argv)
+{
+	int iters = 20000;
+	std::vector<int> threads = {1, 2, 4, 8, 16};
+	std::string api = "both";
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--iters") && i + 1 < argc) {
+			iters = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+			threads.clear();
+			for (char *p = strtok(argv[++i], ","); p; p = strtok(NULL, ","))
+				threads.push_back(atoi(p));
+		} else if (!strcmp(argv[i], "--api") && i + 1 < argc) {
+			api = argv[++i];
+		} else {
+			fprintf(stderr, "usage: bench_threads [--iters N] [--threads 1,2,4] [--api malloc|async|both]\n");
+			return 2;
+		}
+	}
+	int n = 0;
+	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+		printf("SKIP: no GPU\n");
+		return 77;
+	}
+	cudaSetDevice(0);
+	cudaFree(0);
+	cudaMemPool_t pool;
+	cudaDeviceGetDefaultMemPool(&pool, 0);
+	unsigned long long keep = ~0ull;
+	cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+	bool emm = getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "libemm");
+
+	printf("bench_threads: %d timed iterations per thread, %d live buffers of 256 B-8 MiB each, %s\n", iters,
+	       LIVE, emm ? "libemm preloaded" : "no libemm");
+	printf("| path | threads | Mpairs/s (all threads) | median ns per pair (per thread) |\n|---|---|---|---|\n");
+	for (int a = 0; a < 2; a++) {
+		bool async = a == 1;
+		if ((async && api == "malloc") || (!async && api == "async"))
+			continue;
+		const char *name = async ? "cudaMallocAsync (per-thread stream)" : "cudaMalloc";
+		for (int t : threads) {
+			double mp = 0, med = 0;
+			if (!run(t, async, iters, &mp, &med)) {
+				printf("| %s | %d | FAILED | |\n", name, t);
+				return 1;
+			}
+			printf("| %s | %d | %.2f | %.0f |\n", name, t, mp, med);
+			printf("THREADS\t%s\t%s\t%d\t%.4f\t%.1f\n", emm ? "emm" : "raw", async ? "async" : "malloc", t, mp,
+			       med);
+			fflush(stdout);
+		}
+	}
+	return 0;
+}
