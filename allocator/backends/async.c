@@ -48,11 +48,18 @@
  * segment is usable from every stream at once. As with cuMemAlloc under
  * the driver backend, a capture in global mode refuses the call.
  *
+ * The backend keeps a list of its live segments: fini with the driver alive
+ * frees what is left, then destroys the pool (a pool with allocations out
+ * would otherwise live on until they are freed).
+ *
  * Limits: pooled memory counts as used in cuMemGetInfo (and for every other
- * process) until trim; a context destroyed before libemm gave its segments
- * back leaves the pool's memory to the device (fini is then told the driver
- * may be gone and calls nothing; pools belong to the device, not the
- * context); segments cannot be exported with cuIpcGetMemHandle (no IPC cap).
+ * process) until trim; a context destroyed by the program (cuCtxDestroy, a
+ * primary context reset) before libemm gave its segments back leaves the
+ * pool and its memory to the device: fini is then told the driver may be
+ * gone and calls nothing, and a pool belongs to the device, not the
+ * context, so it outlives the context (a leak, and the old segment
+ * addresses stay valid); segments cannot be exported with cuIpcGetMemHandle
+ * (no IPC cap).
  */
 #include <cuda.h>
 #include <errno.h>
@@ -100,8 +107,13 @@ struct async_state {
 	stream_create_fn stream_create;
 	stream_synchronize_fn stream_synchronize;
 	stream_destroy_fn stream_destroy;
-	pthread_mutex_t own_lock; /* guards own_stream's creation */
+	pthread_mutex_t lock;	  /* guards own_stream's creation and segs */
 	CUstream own_stream;	  /* NULL until first needed */
+	/* Live segments, so that fini can free what is left before it
+	 * destroys the pool (a pool with allocations out is only released
+	 * once they are freed). */
+	uint64_t *segs;
+	size_t nsegs, segs_cap;
 };
 
 __attribute__((format(printf, 3, 4))) static void
@@ -242,7 +254,7 @@ static int async_init(const struct emm_backend_host *host, int device, uint64_t 
 		free(st);
 		return err;
 	}
-	pthread_mutex_init(&st->own_lock, NULL);
+	pthread_mutex_init(&st->lock, NULL);
 	async_log(host, EMM_BACKEND_LOG_DEBUG, "async backend: device %d, context 0x%llx, pool %p", device,
 	          (unsigned long long)context, (void *)st->pool);
 	*ret_state = st;
@@ -257,17 +269,20 @@ static void async_fini(void *state, bool driver_alive)
 	if (!st)
 		return;
 	if (driver_alive) {
+		/* The context goes: what libemm did not give back goes too,
+		 * as the context's memory would under the driver backend. */
+		for (size_t i = 0; i < st->nsegs; i++)
+			(void)st->free_async((CUdeviceptr)st->segs[i], NULL);
 		if (st->own_stream)
 			(void)st->stream_destroy(st->own_stream);
-		/* Segments still out keep the pool's memory until they are
-		 * freed (cuMemPoolDestroy returns at once then). */
 		res = st->pool_destroy(st->pool);
 		if (res != CUDA_SUCCESS)
 			async_log(st->host, EMM_BACKEND_LOG_DEBUG,
 			          "async backend: cuMemPoolDestroy on device %d failed with CUresult %d", st->device,
 			          (int)res);
 	}
-	pthread_mutex_destroy(&st->own_lock);
+	pthread_mutex_destroy(&st->lock);
+	free(st->segs);
 	free(st);
 }
 
@@ -291,16 +306,56 @@ static int own_stream(struct async_state *st, CUstream *ret)
 
 	if (!st->stream_create)
 		return -ENOTSUP;
-	pthread_mutex_lock(&st->own_lock);
+	pthread_mutex_lock(&st->lock);
 	if (!st->own_stream)
 		res = st->stream_create(&st->own_stream, CU_STREAM_NON_BLOCKING);
 	if (res != CUDA_SUCCESS)
 		st->own_stream = NULL;
 	*ret = st->own_stream;
-	pthread_mutex_unlock(&st->own_lock);
+	pthread_mutex_unlock(&st->lock);
 	if (res != CUDA_SUCCESS)
 		return async_error(st->host, st->device, "cuStreamCreate", 0, res);
 	return 0;
+}
+
+/* Remember a new segment: false without memory. */
+static bool segs_add(struct async_state *st, uint64_t addr)
+{
+	bool ok = true;
+
+	pthread_mutex_lock(&st->lock);
+	if (st->nsegs == st->segs_cap) {
+		size_t cap = st->segs_cap ? st->segs_cap * 2 : 64;
+		uint64_t *n = realloc(st->segs, cap * sizeof(*n));
+
+		if (n) {
+			st->segs = n;
+			st->segs_cap = cap;
+		} else {
+			ok = false;
+		}
+	}
+	if (ok)
+		st->segs[st->nsegs++] = addr;
+	pthread_mutex_unlock(&st->lock);
+	return ok;
+}
+
+/* Forget a segment: false if it is not one of ours. */
+static bool segs_remove(struct async_state *st, uint64_t addr)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&st->lock);
+	for (size_t i = st->nsegs; i-- > 0;) {
+		if (st->segs[i] == addr) {
+			st->segs[i] = st->segs[--st->nsegs];
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&st->lock);
+	return found;
 }
 
 static int async_segment_alloc(void *state, size_t size, uint64_t stream, uint64_t *ret_addr)
@@ -332,6 +387,10 @@ static int async_segment_alloc(void *state, size_t size, uint64_t stream, uint64
 			return async_error(st->host, st->device, "cuStreamSynchronize", size, res);
 		}
 	}
+	if (!segs_add(st, (uint64_t)dptr)) {
+		(void)st->free_async(dptr, s);
+		return -ENOMEM;
+	}
 	*ret_addr = (uint64_t)dptr;
 	return 0;
 }
@@ -343,15 +402,21 @@ static int async_segment_free(void *state, uint64_t addr, size_t size, uint64_t 
 	CUresult res;
 	int err;
 
+	if (!segs_remove(st, addr))
+		return -EINVAL;
 	/* Idle and fenced: any stream may carry the free (see the top). */
 	if (stream_unusable(st, s)) {
 		err = own_stream(st, &s);
-		if (err < 0)
+		if (err < 0) {
+			segs_add(st, addr);
 			return err;
+		}
 	}
 	res = st->free_async((CUdeviceptr)addr, s);
-	if (res != CUDA_SUCCESS)
+	if (res != CUDA_SUCCESS) {
+		segs_add(st, addr); /* still ours (a failed free frees nothing) */
 		return async_error(st->host, st->device, "cuMemFreeAsync", size, res);
+	}
 	return 0;
 }
 
