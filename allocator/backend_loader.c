@@ -35,6 +35,8 @@ struct builtin_backend {
 static const struct builtin_backend builtin_backends[] = {
     {"driver", emm_backend_builtin_driver},
     {"hostsim", emm_backend_builtin_hostsim},
+    {"async", emm_backend_builtin_async},
+    {"managed", emm_backend_builtin_managed},
 };
 
 /*
@@ -223,7 +225,7 @@ static int load_builtin(const char *name, emm_symbol_lookup_fn lookup, struct em
 	/* 2. The copy compiled into libemm. */
 	if (!builtin) {
 		emm_error(
-		    "backend '%s': no such built-in (known: driver, hostsim) and no %s%slibemm-backend-%s.so",
+		    "backend '%s': no such built-in (known: driver, hostsim, async, managed) and no %s%slibemm-backend-%s.so",
 		    name, dir, dir[0] ? "/" : "", name);
 		return -ENOENT;
 	}

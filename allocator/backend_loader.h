@@ -36,5 +36,7 @@ void emm_backend_unload(struct emm_backend_loaded *loaded);
  * -DEMM_BACKEND_BUILTIN). */
 int emm_backend_builtin_driver(uint32_t *inout_version, const struct emm_backend **ret_table);
 int emm_backend_builtin_hostsim(uint32_t *inout_version, const struct emm_backend **ret_table);
+int emm_backend_builtin_async(uint32_t *inout_version, const struct emm_backend **ret_table);
+int emm_backend_builtin_managed(uint32_t *inout_version, const struct emm_backend **ret_table);
 
 #endif

@@ -96,7 +96,11 @@
 	X(cuCtxGetId) X(cuGraphCreate) X(cuGraphClone)                           \
 	X(cuGraphAddChildGraphNode) X(cuGraphInstantiate)                        \
 	X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithParams)                 \
-	X(cuGraphInstantiateWithParams_ptsz)
+	X(cuGraphInstantiateWithParams_ptsz)                                     \
+	X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolTrimTo)                \
+	X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)                        \
+	X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz)               \
+	X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool)
 
 enum fake_fn {
 #define FAKE_FN_ENUM(name) FN_##name,
@@ -281,6 +285,31 @@ void fake_mem_reset_locked(void);
 void fake_mem_after_fork_child_locked(void);
 /* Frees a pointer captured by cuMemFreeAsync when its graph is launched. */
 void fake_mem_free_deferred_locked(CUdeviceptr ptr);
+/* cuMemAllocAsync (explicit false: from the device's current pool) and
+ * cuMemAllocFromPoolAsync (explicit true: from hpool); takes the lock. */
+CUresult fake_mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, bool ptds, bool explicit,
+			      CUmemoryPool hpool);
+
+/* --- fake_pool.c --- */
+
+struct fake_pool;
+/* A live explicit pool or a device's default pool by handle, else
+ * CUDA_ERROR_INVALID_VALUE. */
+CUresult fake_pool_lookup_locked(CUmemoryPool h, struct fake_pool **out);
+/* The explicit pool cuMemAllocAsync uses on dev (cuDeviceSetMemPool), or
+ * NULL for the default pool (whose allocations fake_mem.c accounts itself). */
+struct fake_pool *fake_pool_current_locked(int dev);
+/* The handle of an allocation's pool (NULL: the device's default pool). */
+CUmemoryPool fake_pool_handle_locked(struct fake_pool *pool, int dev);
+/* An allocation of `bytes` from the pool: reserves device capacity when the
+ * pool has too little free (CUDA_ERROR_OUT_OF_MEMORY beyond capacity). The
+ * default pool accounts nothing. */
+CUresult fake_pool_take_locked(struct fake_pool *pool, size_t bytes);
+/* The allocation is freed: the bytes stay reserved up to the release
+ * threshold. The last allocation of a destroyed pool frees it. */
+void fake_pool_give_locked(struct fake_pool *pool, size_t bytes);
+/* fakecuda_reset, after the allocations are gone: no explicit pools. */
+void fake_pool_reset_locked(void);
 
 /* --- fake_stream.c --- */
 

@@ -10,6 +10,8 @@
  * aligned (the driver promises 256 bytes). Synchronous device allocations
  * are mapped from one sparse memfd at file offset == address, so an IPC
  * handle (pid, fd, offset) opens in another process as the same bytes.
+ * Allocations from an explicit pool (fake_pool.c) carry their pool, which
+ * does their capacity accounting.
  */
 #include "fake.h"
 
@@ -52,13 +54,15 @@ struct alloc {
 	int ipc_pid;
 	uint64_t ipc_buffer_id;
 	unsigned ipc_refs;
+	/* ALLOC_ASYNC from an explicit pool: the pool accounts pool_bytes */
+	struct fake_pool *pool;
+	size_t pool_bytes;
 };
 
 static void *tree;
 static struct alloc *all_allocs;
 static uint64_t next_buffer_id;
 static int arena_fd = -2;          /* -2: not tried, -1: unavailable */
-static int mempool_dummy[FAKE_MAX_DEVICES];
 
 /* --- the range tree --- */
 
@@ -188,6 +192,8 @@ static void remove_locked(struct alloc *a)
 	if (is_device_kind(a->kind)) {
 		g_fake.stats.live_device_allocations--;
 		g_fake.used[a->device] -= a->accounted;
+		if (a->pool)
+			fake_pool_give_locked(a->pool, a->pool_bytes);
 	} else if (is_host_kind(a->kind)) {
 		g_fake.stats.live_host_allocations--;
 	}
@@ -229,6 +235,9 @@ static size_t account_size(size_t size)
 	return (size + FAKE_ALIGN - 1) & ~(size_t)(FAKE_ALIGN - 1);
 }
 
+static CUresult alloc_map_locked(enum alloc_kind kind, struct fake_ctx *ctx, size_t size, unsigned flags,
+				 size_t accounted, struct alloc **out);
+
 /* A new allocation of `size` bytes on ctx's device. Device kinds count
  * against the simulated capacity and honour fakecuda_fail_next_alloc. */
 static CUresult alloc_new_locked(enum alloc_kind kind, struct fake_ctx *ctx, size_t size, unsigned flags,
@@ -252,6 +261,15 @@ static CUresult alloc_new_locked(enum alloc_kind kind, struct fake_ctx *ctx, siz
 		g_fake.stats.failures_injected++;
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
+	return alloc_map_locked(kind, ctx, size, flags, accounted, out);
+}
+
+/* Maps and records an allocation whose checks are done; `accounted` bytes
+ * count against the device capacity. */
+static CUresult alloc_map_locked(enum alloc_kind kind, struct fake_ctx *ctx, size_t size, unsigned flags,
+				 size_t accounted, struct alloc **out)
+{
+	int dev = ctx->device;
 	struct alloc *a = calloc(1, sizeof(*a));
 	if (!a)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -450,17 +468,51 @@ static CUresult stream_ordered_prologue_locked(CUstream hs, bool ptds, struct fa
 	return r;
 }
 
-static CUresult mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, bool ptds)
+/* From an explicit pool (fake_pool.c): checks are done; the pool takes the
+ * bytes from the device capacity (or from what it keeps reserved). */
+static CUresult alloc_from_pool_locked(struct fake_ctx *ctx, struct fake_pool *pool, size_t size,
+				       struct alloc **out)
+{
+	if (g_fake.fail_allocs > 0) {
+		g_fake.fail_allocs--;
+		g_fake.stats.failures_injected++;
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	if (size > SIZE_MAX - FAKE_ALIGN)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	size_t bytes = account_size(size);
+	CUresult r = fake_pool_take_locked(pool, bytes);
+	if (r != CUDA_SUCCESS)
+		return r;
+	r = alloc_map_locked(ALLOC_ASYNC, ctx, size, 0, 0, out);
+	if (r != CUDA_SUCCESS) {
+		fake_pool_give_locked(pool, bytes);
+		return r;
+	}
+	(*out)->pool = pool;
+	(*out)->pool_bytes = bytes;
+	return CUDA_SUCCESS;
+}
+
+/* cuMemAllocAsync (explicit false: the device's current pool) and
+ * cuMemAllocFromPoolAsync (explicit true: hpool). */
+CUresult fake_mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, bool ptds, bool explicit,
+			      CUmemoryPool hpool)
 {
 	fake_lock();
 	struct fake_stream *s = NULL;
+	struct fake_pool *pool = NULL;
 	struct alloc *a = NULL;
 	bool captured = false;
 	CUresult r = fake_check_init_locked();
 	if (r == CUDA_SUCCESS && !dptr)
 		r = CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS && explicit)
+		r = fake_pool_lookup_locked(hpool, &pool);
 	if (r == CUDA_SUCCESS)
 		r = stream_ordered_prologue_locked(hs, ptds, &s, &captured);
+	if (r == CUDA_SUCCESS && !explicit)
+		pool = fake_pool_current_locked(s->ctx->device);
 	if (r == CUDA_SUCCESS && size == 0) {
 		*dptr = 0; /* nothing to allocate */
 		fake_unlock();
@@ -468,7 +520,9 @@ static CUresult mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, boo
 	}
 	/* Captured, it is a graph allocation node; the fake maps the memory
 	 * at once either way. */
-	if (r == CUDA_SUCCESS)
+	if (r == CUDA_SUCCESS && pool)
+		r = alloc_from_pool_locked(s->ctx, pool, size, &a);
+	else if (r == CUDA_SUCCESS)
 		r = alloc_new_locked(ALLOC_ASYNC, s->ctx, size, 0, &a);
 	if (r == CUDA_SUCCESS) {
 		g_fake.stats.async_allocs++;
@@ -481,13 +535,13 @@ static CUresult mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, boo
 FAKE_API CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	FAKE_ENTER(cuMemAllocAsync);
-	return mem_alloc_async(dptr, bytesize, hStream, false);
+	return fake_mem_alloc_async(dptr, bytesize, hStream, false, false, NULL);
 }
 
 FAKE_API CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
 {
 	FAKE_ENTER(cuMemAllocAsync_ptsz);
-	return mem_alloc_async(dptr, bytesize, hStream, true);
+	return fake_mem_alloc_async(dptr, bytesize, hStream, true, false, NULL);
 }
 
 static CUresult mem_free_async(CUdeviceptr p, CUstream hs, bool ptds)
@@ -898,7 +952,7 @@ static CUresult pointer_attribute(const struct alloc *a, uintptr_t p, CUpointer_
 		return CUDA_SUCCESS;
 	case CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE:
 		*(CUmemoryPool *)data =
-			a && a->kind == ALLOC_ASYNC ? (CUmemoryPool)&mempool_dummy[a->device] : NULL;
+			a && a->kind == ALLOC_ASYNC ? fake_pool_handle_locked(a->pool, a->device) : NULL;
 		return CUDA_SUCCESS;
 	case CU_POINTER_ATTRIBUTE_IS_HW_DECOMPRESS_CAPABLE:
 		*(int *)data = 0;

@@ -163,6 +163,16 @@ static const struct proc_entry table[] = {
 	LEGACY(cuGraphLaunch, 10000, cuGraphLaunch)
 	PT(cuGraphLaunch, 10000, cuGraphLaunch_ptsz)
 	LEGACY(cuGraphExecDestroy, 10000, cuGraphExecDestroy)
+	LEGACY(cuMemPoolCreate, 11020, cuMemPoolCreate)
+	LEGACY(cuMemPoolDestroy, 11020, cuMemPoolDestroy)
+	LEGACY(cuMemPoolTrimTo, 11020, cuMemPoolTrimTo)
+	LEGACY(cuMemPoolSetAttribute, 11020, cuMemPoolSetAttribute)
+	LEGACY(cuMemPoolGetAttribute, 11020, cuMemPoolGetAttribute)
+	LEGACY(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync)
+	PT(cuMemAllocFromPoolAsync, 11020, cuMemAllocFromPoolAsync_ptsz)
+	LEGACY(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool)
+	LEGACY(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool)
+	LEGACY(cuDeviceSetMemPool, 11020, cuDeviceSetMemPool)
 };
 
 #undef LEGACY
