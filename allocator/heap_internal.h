@@ -115,6 +115,7 @@ struct emm_segment {
 	uint64_t *gbusy; /* bit i set: granule i is being mapped, lock dropped */
 	size_t gwords;   /* words allocated in each */
 	size_t unmapped; /* granules not mapped (0 on the hot path) */
+	unsigned paging; /* map/unmap calls in flight, lock dropped: no grow meanwhile */
 	uint8_t pool;
 	bool live;
 	bool idle;    /* on the idle list: one block, ready-any */

@@ -11,6 +11,9 @@
  * block's granules are marked busy; the call runs unlocked; the result is
  * published under the lock again. A thread that needs a granule another
  * thread is mapping waits on map_cv (the lock is dropped while it waits).
+ * A segment's size changes only by a grow, which never runs while a map or
+ * unmap of the same segment is in flight (s->paging) nor they while it
+ * runs, so every call names the segment with its current size.
  *
  * The fence rule: only a READY block of key 0 (ready-any: every fence it
  * was under has completed) has granules unmapped, and only those lying
@@ -135,7 +138,7 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b)
 		unsigned n = 0;
 		bool wait = false;
 
-		for (size_t i = first; i < end; i++) {
+		for (size_t i = first; i < end && !s->growing; i++) {
 			if (bit_get(s->gmap, i))
 				continue;
 			if (bit_get(s->gbusy, i)) {
@@ -143,6 +146,7 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b)
 				break;
 			}
 		}
+		wait |= s->growing;
 		if (wait) {
 			/* Another thread maps a granule this block shares. */
 			h->map_waiters++;
@@ -167,6 +171,7 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b)
 
 		emm_addr_t base = s->base;
 		size_t size = s->size;
+		s->paging++;
 		arena_unlock_release(h);
 		int err = 0;
 		for (unsigned k = 0; k < n; k++) {
@@ -179,6 +184,7 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b)
 				err = runs[k].r < 0 ? runs[k].r : -ENOMEM;
 		}
 		arena_lock(h);
+		s->paging--;
 
 		for (unsigned k = 0; k < n; k++) {
 			bits_set(s->gbusy, runs[k].from, runs[k].to, false);
@@ -195,6 +201,7 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b)
 			pthread_cond_broadcast(&h->map_cv);
 		if (err)
 			return err;
+		/* More runs than one batch: go round again. */
 	}
 }
 
@@ -273,13 +280,22 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 		}
 		nc = used;
 
-		arena_unlock_release(h);
+		emm_addr_t base[RUNS_MAX];
+		size_t size[RUNS_MAX];
 		for (unsigned k = 0; k < nr; k++) {
-			struct emm_segment *s = runs[k].b->seg;
-			runs[k].r = h->pg.unmap(h->pg.state, s->base, s->size, runs[k].from * g,
-			                        (runs[k].to - runs[k].from) * g);
+			base[k] = runs[k].b->seg->base;
+			size[k] = runs[k].b->seg->size;
+			runs[k].b->seg->paging++;
 		}
+		arena_unlock_release(h);
+		for (unsigned k = 0; k < nr; k++)
+			runs[k].r = h->pg.unmap(h->pg.state, base[k], size[k], runs[k].from * g,
+			                        (runs[k].to - runs[k].from) * g);
 		arena_lock(h);
+		for (unsigned k = 0; k < nr; k++)
+			runs[k].b->seg->paging--;
+		if (nr && h->map_waiters)
+			pthread_cond_broadcast(&h->map_cv);
 
 		size_t freed = 0;
 		int failed = 0;
@@ -324,9 +340,11 @@ int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct 
 			break;
 	if (!s)
 		return -ENOSPC;
-	if (s->growing) {
+	if (s->growing || s->paging) {
+		/* Another grow, or maps/unmaps naming its current size, run:
+		 * wait for them, then look again. */
 		h->map_waiters++;
-		while (s->growing)
+		while (s->growing || s->paging)
 			pthread_cond_wait(&h->map_cv, &h->lock);
 		h->map_waiters--;
 		return -EAGAIN;

@@ -87,6 +87,7 @@ static struct emm_segment *segment_new(struct arena *h)
 	s->live = false;
 	s->idle = false;
 	s->unmapped = 0;
+	s->paging = 0;
 	s->growing = false;
 	return s;
 }

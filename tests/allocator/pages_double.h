@@ -64,6 +64,12 @@ static inline void pd_check_unlocked(const char *op)
 	}
 }
 
+#define PD_MISUSE(d, ...)                                   \
+	do {                                                \
+		(d)->misuse++;                              \
+		fprintf(stderr, "pages double: " __VA_ARGS__); \
+	} while (0)
+
 static inline struct pd_seg *pd_find(struct pages_double *d, uint64_t base)
 {
 	for (unsigned i = 0; i < d->nsegs; i++)
@@ -86,7 +92,8 @@ static inline int pd_alloc(void *state, size_t size, emm_stream_t stream, emm_ad
 	pd_check_unlocked("alloc");
 	pthread_mutex_lock(&d->lock);
 	if (size % PD_GRAN || d->nsegs == PD_MAX_SEGS) {
-		d->misuse += size % PD_GRAN != 0;
+		if (size % PD_GRAN)
+			PD_MISUSE(d, "alloc of %zu\n", size);
 		pthread_mutex_unlock(&d->lock);
 		return size % PD_GRAN ? -EINVAL : -ENOMEM;
 	}
@@ -116,7 +123,7 @@ static inline int pd_free(void *state, emm_addr_t addr, size_t size, emm_stream_
 	pthread_mutex_lock(&d->lock);
 	struct pd_seg *s = pd_find(d, addr);
 	if (!s || s->size != size) {
-		d->misuse++;
+		PD_MISUSE(d, "free of 0x%llx (+%zu): %s\n", (unsigned long long)addr, size, s ? "wrong size" : "unknown");
 		pthread_mutex_unlock(&d->lock);
 		return -EINVAL;
 	}
@@ -135,7 +142,8 @@ static inline struct pd_seg *pd_range_ok(struct pages_double *d, emm_addr_t seg,
 {
 	struct pd_seg *s = pd_find(d, seg);
 	if (!s || s->size != seg_size || off % PD_GRAN || len % PD_GRAN || len == 0 || off + len > s->size) {
-		d->misuse++;
+		PD_MISUSE(d, "range 0x%llx (+%zu) [%zu, +%zu) bad (segment size %zu)\n", (unsigned long long)seg,
+		          seg_size, off, len, s ? s->size : 0);
 		return NULL;
 	}
 	return s;
@@ -149,7 +157,7 @@ static inline int pd_unmap(void *state, emm_addr_t seg, size_t seg_size, size_t 
 	struct pd_seg *s = pd_range_ok(d, seg, seg_size, off, len);
 	int r = s ? 0 : -EINVAL;
 	if (s && pd_mapped_in(s, off / PD_GRAN, (off + len) / PD_GRAN) != len / PD_GRAN) {
-		d->misuse++; /* unmapping an unmapped granule */
+		PD_MISUSE(d, "unmap of unmapped granules at 0x%llx\n", (unsigned long long)(seg + off));
 		r = -EINVAL;
 	}
 	if (!r && d->fail_unmap > 0) {
@@ -175,7 +183,7 @@ static inline int pd_map(void *state, emm_addr_t seg, size_t seg_size, size_t of
 	struct pd_seg *s = pd_range_ok(d, seg, seg_size, off, len);
 	int r = s ? 0 : -EINVAL;
 	if (s && pd_mapped_in(s, off / PD_GRAN, (off + len) / PD_GRAN) != 0) {
-		d->misuse++; /* mapping a mapped granule */
+		PD_MISUSE(d, "map of mapped granules at 0x%llx\n", (unsigned long long)(seg + off));
 		r = -EINVAL;
 	}
 	if (!r && (d->fail_map > 0 || len > d->capacity - d->used)) {
@@ -200,7 +208,8 @@ static inline int pd_grow(void *state, emm_addr_t seg, size_t old_size, size_t n
 	struct pd_seg *s = pd_find(d, seg);
 	int r = 0;
 	if (!s || s->size != old_size || new_size <= old_size || new_size % PD_GRAN) {
-		d->misuse++;
+		PD_MISUSE(d, "grow of 0x%llx from %zu to %zu (size %zu)\n", (unsigned long long)seg, old_size,
+		          new_size, s ? s->size : 0);
 		r = -EINVAL;
 	} else if (new_size > s->reserved) {
 		r = -ENOSPC;
