@@ -137,6 +137,7 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 	struct publish_arg pa = {NULL, NULL, 0};
 	struct emm_heap_params params;
 	struct emm_segment_source src;
+	struct emm_segment_pages pages;
 	struct ctx_entry *e;
 	CUdevice dev = 0;
 	int ret;
@@ -178,7 +179,8 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 	src.state = e;
 	src.alloc = st_device_segment_alloc;
 	src.free = st_device_segment_free;
-	ret = emm_heap_create(&params, &src, &e->fence, dev, &e->heap);
+	ret = emm_heap_create_paged(&params, &src, st_segment_pages(e, &pages) ? &pages : NULL, &e->fence, dev,
+	                            &e->heap);
 	if (ret < 0) {
 		emm_warn(
 		    "cannot create the heap for device %d (%s): this context's allocations go to the driver",

@@ -238,6 +238,9 @@ int st_backend_init(struct ctx_entry *e, CUdevice dev);
 /* The segment source callbacks of a context's device heap (state: e). */
 int st_device_segment_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr);
 int st_device_segment_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream);
+/* The backend's page operations for the entry's heap (a version 2 backend
+ * with CAP_REMAP or CAP_GROW); false: none. */
+bool st_segment_pages(struct ctx_entry *e, struct emm_segment_pages *ret);
 
 /* Take a segment from / give one back to the backend of `e`: device
  * memory, or pinned host memory of the flag set `flags` when `host`. */

@@ -92,6 +92,64 @@ int st_device_segment_free(void *state, emm_addr_t addr, size_t size, emm_stream
 	return st_segment_free(state, false, addr, size, stream);
 }
 
+/* Version 2 backends (vmm): the pages of a device segment, with the
+ * entry's context current, like a segment free. */
+enum page_op { PAGE_UNMAP, PAGE_MAP, PAGE_GROW };
+
+static int page_call(struct ctx_entry *e, enum page_op op, emm_addr_t seg, size_t a, size_t b, size_t c)
+{
+	bool pushed;
+	int ret;
+
+	if (st_is_exiting())
+		return -ECANCELED; /* nothing changes: the driver frees it all with the process */
+	st_assert_unlocked("a backend page operation");
+	pushed = st_push_ctx(e->ctx);
+	st_tls_in_backend = true;
+	if (op == PAGE_UNMAP)
+		ret = st_backend.table->segment_unmap(e->backend_state, seg, a, b, c);
+	else if (op == PAGE_MAP)
+		ret = st_backend.table->segment_map(e->backend_state, seg, a, b, c);
+	else
+		ret = st_backend.table->segment_grow(e->backend_state, seg, a, b);
+	st_tls_in_backend = false;
+	st_pop_ctx(pushed);
+	return ret;
+}
+
+static int st_device_segment_unmap(void *state, emm_addr_t seg, size_t seg_size, size_t off, size_t len)
+{
+	return page_call(state, PAGE_UNMAP, seg, seg_size, off, len);
+}
+
+static int st_device_segment_map(void *state, emm_addr_t seg, size_t seg_size, size_t off, size_t len)
+{
+	return page_call(state, PAGE_MAP, seg, seg_size, off, len);
+}
+
+static int st_device_segment_grow(void *state, emm_addr_t seg, size_t old_size, size_t new_size)
+{
+	return page_call(state, PAGE_GROW, seg, old_size, new_size, 0);
+}
+
+bool st_segment_pages(struct ctx_entry *e, struct emm_segment_pages *ret)
+{
+	bool remap = emm_backend_has_cap(&st_backend, EMM_BACKEND_CAP_REMAP);
+	bool grow = emm_backend_has_cap(&st_backend, EMM_BACKEND_CAP_GROW);
+	size_t g = 0;
+
+	if ((!remap && !grow) || st_backend.table->granularity(e->backend_state, &g) != 0)
+		return false;
+	*ret = (struct emm_segment_pages){
+	    .state = e,
+	    .granularity = g,
+	    .unmap = remap ? st_device_segment_unmap : NULL,
+	    .map = remap ? st_device_segment_map : NULL,
+	    .grow = grow ? st_device_segment_grow : NULL,
+	};
+	return true;
+}
+
 int st_backend_init(struct ctx_entry *e, CUdevice dev)
 {
 	int ret;

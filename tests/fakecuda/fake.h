@@ -100,7 +100,11 @@
 	X(cuMemPoolCreate) X(cuMemPoolDestroy) X(cuMemPoolTrimTo)                \
 	X(cuMemPoolSetAttribute) X(cuMemPoolGetAttribute)                        \
 	X(cuMemAllocFromPoolAsync) X(cuMemAllocFromPoolAsync_ptsz)               \
-	X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool)
+	X(cuDeviceGetDefaultMemPool) X(cuDeviceGetMemPool) X(cuDeviceSetMemPool) \
+	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) \
+	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)            \
+	X(cuMemGetAllocationGranularity) X(cuMemGetAllocationPropertiesFromHandle) \
+	X(cuMemRetainAllocationHandle)
 
 enum fake_fn {
 #define FAKE_FN_ENUM(name) FN_##name,
@@ -310,6 +314,11 @@ CUresult fake_pool_take_locked(struct fake_pool *pool, size_t bytes);
 void fake_pool_give_locked(struct fake_pool *pool, size_t bytes);
 /* fakecuda_reset, after the allocations are gone: no explicit pools. */
 void fake_pool_reset_locked(void);
+
+/* --- fake_vmm.c --- */
+
+/* Forget every reservation, mapping and physical allocation (reset). */
+void fake_vmm_reset_locked(void);
 
 /* --- fake_stream.c --- */
 

@@ -173,6 +173,17 @@ static const struct proc_entry table[] = {
 	LEGACY(cuDeviceGetDefaultMemPool, 11020, cuDeviceGetDefaultMemPool)
 	LEGACY(cuDeviceGetMemPool, 11020, cuDeviceGetMemPool)
 	LEGACY(cuDeviceSetMemPool, 11020, cuDeviceSetMemPool)
+	LEGACY(cuMemAddressReserve, 10020, cuMemAddressReserve)
+	LEGACY(cuMemAddressFree, 10020, cuMemAddressFree)
+	LEGACY(cuMemCreate, 10020, cuMemCreate)
+	LEGACY(cuMemRelease, 10020, cuMemRelease)
+	LEGACY(cuMemMap, 10020, cuMemMap)
+	LEGACY(cuMemUnmap, 10020, cuMemUnmap)
+	LEGACY(cuMemSetAccess, 10020, cuMemSetAccess)
+	LEGACY(cuMemGetAccess, 10020, cuMemGetAccess)
+	LEGACY(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity)
+	LEGACY(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle)
+	LEGACY(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)
 };
 
 #undef LEGACY
