@@ -19,7 +19,10 @@
  * Error codes: the documented ones (cuda.h's comments list each call's
  * codes; which argument gives which is inferred): CUDA_ERROR_INVALID_VALUE
  * for NULL outputs, nonzero flags, sizes/addresses not multiples of the
- * granularity, a nonzero map offset, a sub-range unmap, an unknown handle;
+ * granularity, a sub-range unmap, an unknown handle; checked against the
+ * real driver (580, H100, probe-driver's vmm cases): a nonzero map offset and
+ * a map larger than the handle are CUDA_ERROR_NOT_SUPPORTED, and unmapping a
+ * range already unmapped succeeds;
  * CUDA_ERROR_OUT_OF_MEMORY past capacity; CUDA_ERROR_INVALID_DEVICE for a
  * bad location id. Unverified (the fake's choice, probe-driver's vmm cases
  * check them on a GPU): the granularity (2 MiB, both flags, as on Hopper),
@@ -269,9 +272,13 @@ FAKE_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGen
 	r = fake_check_init_locked();
 	struct vmm_alloc *a = handle_get(handle);
 	uintptr_t p = (uintptr_t)ptr;
-	if (r == CUDA_SUCCESS && (flags || offset || size == 0 || p % VMM_GRAN || size % VMM_GRAN || !a ||
-				  a->refs == 0 || size > a->size || !reservation_of(p, size) || mapped_bytes(p, size)))
+	if (r == CUDA_SUCCESS && (flags || size == 0 || p % VMM_GRAN || size % VMM_GRAN || !a || a->refs == 0 ||
+				  !reservation_of(p, size) || mapped_bytes(p, size)))
 		r = CUDA_ERROR_INVALID_VALUE;
+	/* A nonzero offset, or more than the handle holds: the real driver
+	 * (580, H100) answers CUDA_ERROR_NOT_SUPPORTED. */
+	if (r == CUDA_SUCCESS && (offset || size > a->size))
+		r = CUDA_ERROR_NOT_SUPPORTED;
 	if (r == CUDA_SUCCESS) {
 		struct vmm_mapping *m = calloc(1, sizeof(*m));
 		if (!m || mmap((void *)p, size, PROT_NONE, MAP_SHARED | MAP_FIXED, vmm_fd, a->offset) == MAP_FAILED) {
@@ -304,7 +311,9 @@ FAKE_API CUresult cuMemUnmap(CUdeviceptr ptr, size_t size)
 		else if (overlaps)
 			inside += m->size;
 	}
-	if (r == CUDA_SUCCESS && (size == 0 || inside != size))
+	/* Unmapped parts of the range are no error: the real driver (580, H100)
+	 * answers CUDA_SUCCESS for a range unmapped twice. */
+	if (r == CUDA_SUCCESS && (size == 0 || (inside == 0 && !reservation_of(p, size))))
 		r = CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS) {
 		for (struct vmm_mapping **pp = &mappings; *pp;) {

@@ -1544,10 +1544,10 @@ static void case_vmm(void)
 	check_u64("properties type", got.type, CU_MEM_ALLOCATION_TYPE_PINNED);
 	check_u64("properties device", (uint64_t)got.location.id, 0);
 
-	check_rc("map offset", CALL(cuMemMap)(va, 2 * g, g, h, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("map offset", CALL(cuMemMap)(va, 2 * g, g, h, 0), CUDA_ERROR_NOT_SUPPORTED);
 	check_rc("map flags", CALL(cuMemMap)(va, 2 * g, 0, h, 1), CUDA_ERROR_INVALID_VALUE);
 	check_rc("map unaligned", CALL(cuMemMap)(va + 4096, 2 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
-	check_rc("map too big", CALL(cuMemMap)(va, 4 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("map too big", CALL(cuMemMap)(va, 4 * g, 0, h, 0), CUDA_ERROR_NOT_SUPPORTED);
 	MUST(CALL(cuMemMap)(va, 2 * g, 0, h, 0));
 	MUST(CALL(cuMemCreate)(&h2, g, &prop, 0));
 	check_rc("map over a mapping", CALL(cuMemMap)(va + g, g, 0, h2, 0), CUDA_ERROR_INVALID_VALUE);
@@ -1572,7 +1572,7 @@ static void case_vmm(void)
 	check_rc("address free while mapped", CALL(cuMemAddressFree)(va, 4 * g), CUDA_ERROR_INVALID_VALUE);
 	check_rc("release while mapped", CALL(cuMemRelease)(h), CUDA_SUCCESS);
 	check_rc("unmap a whole mapping", CALL(cuMemUnmap)(va, 2 * g), CUDA_SUCCESS);
-	check_rc("unmap twice", CALL(cuMemUnmap)(va, 2 * g), CUDA_ERROR_INVALID_VALUE);
+	check_rc("unmap twice", CALL(cuMemUnmap)(va, 2 * g), CUDA_SUCCESS);
 	check_rc("unmap", CALL(cuMemUnmap)(va + 2 * g, g), CUDA_SUCCESS);
 	check_rc("release", CALL(cuMemRelease)(h2), CUDA_SUCCESS);
 	check_rc("address free wrong size", CALL(cuMemAddressFree)(va, 2 * g), CUDA_ERROR_INVALID_VALUE);

@@ -40,6 +40,8 @@ U64_FIELDS = (
     "requested_bytes", "requested_bytes_peak", "requested_bytes_total",
     "reserved_bytes", "reserved_bytes_peak", "reserved_bytes_total",
     "pending_bytes", "segments", "live_blocks",
+    "page_unmaps", "page_maps", "unmapped_bytes_total", "remapped_bytes_total", "unmapped_bytes",
+    "segment_grows", "grown_bytes_total",
 )
 
 
