@@ -19,6 +19,7 @@
 #include "emm/emm_version.h"
 #include "allocator/trace.h"
 #include "process/process.h"
+#include "process/process_internal.h"
 
 void emm_state_stats_snapshot(int device, struct emm_stats *out)
 {
@@ -70,6 +71,7 @@ int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_release
 	/* Each heap's context is made current around the release: segments
 	 * go back through the driver and fences may be recorded. */
 	emm_state_for_each_heap(release_one, &a, true);
+	a.released += (long long)st_vmm_release_idle(device);
 	if (a.released == 0 && a.error)
 		return a.error;
 	*ret_released = a.released;
