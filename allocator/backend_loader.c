@@ -35,6 +35,7 @@ struct builtin_backend {
 static const struct builtin_backend builtin_backends[] = {
     {"driver", emm_backend_builtin_driver},
     {"hostsim", emm_backend_builtin_hostsim},
+    {"vmm", emm_backend_builtin_vmm},
 };
 
 /*
@@ -43,6 +44,7 @@ static const struct builtin_backend builtin_backends[] = {
  */
 static const size_t table_size_for_version[] = {
     [1] = offsetof(struct emm_backend, host_segment_free) + sizeof(void *),
+    [2] = offsetof(struct emm_backend, segment_grow) + sizeof(void *),
 };
 _Static_assert(EMM_ARRAY_SIZE(table_size_for_version) == EMM_BACKEND_INTERFACE_VERSION + 1,
                "a table size for every interface version");
@@ -101,6 +103,25 @@ static int negotiate(emm_backend_get_fn entry, uint32_t *ret_version, const stru
 	if (missing) {
 		snprintf(reason, reason_size, "its table lacks the required method %s", missing);
 		return -EINVAL;
+	}
+	/* Version 2's capabilities need their methods. */
+	if (version >= 2) {
+		const bool remap = table->caps & EMM_BACKEND_CAP_REMAP, grow = table->caps & EMM_BACKEND_CAP_GROW;
+		const char *cap = remap ? "CAP_REMAP" : "CAP_GROW";
+
+		if ((remap || grow) && !table->granularity)
+			missing = "granularity";
+		else if (remap && !table->segment_unmap)
+			missing = "segment_unmap";
+		else if (remap && !table->segment_map)
+			missing = "segment_map";
+		else if (grow && !table->segment_grow)
+			missing = "segment_grow", cap = "CAP_GROW";
+		if (missing) {
+			snprintf(reason, reason_size, "it advertises %s but its table lacks the method %s", cap,
+			         missing);
+			return -EINVAL;
+		}
 	}
 	*ret_version = version;
 	*ret_table = table;
@@ -223,7 +244,7 @@ static int load_builtin(const char *name, emm_symbol_lookup_fn lookup, struct em
 	/* 2. The copy compiled into libemm. */
 	if (!builtin) {
 		emm_error(
-		    "backend '%s': no such built-in (known: driver, hostsim) and no %s%slibemm-backend-%s.so",
+		    "backend '%s': no such built-in (known: driver, hostsim, vmm) and no %s%slibemm-backend-%s.so",
 		    name, dir, dir[0] ? "/" : "", name);
 		return -ENOENT;
 	}
@@ -268,6 +289,18 @@ int emm_backend_load(const char *name, emm_symbol_lookup_fn lookup, struct emm_b
 	if (err == 0)
 		*ret = loaded;
 	return err;
+}
+
+bool emm_backend_has_cap(const struct emm_backend_loaded *loaded, uint64_t cap)
+{
+	uint64_t known = EMM_BACKEND_CAP_DEVICE | EMM_BACKEND_CAP_HOST_PINNED | EMM_BACKEND_CAP_STREAM_ORDERED |
+	                 EMM_BACKEND_CAP_SIMULATED | EMM_BACKEND_CAP_IPC;
+
+	if (!loaded || !loaded->table)
+		return false;
+	if (loaded->version >= 2)
+		known |= EMM_BACKEND_CAP_REMAP | EMM_BACKEND_CAP_GROW;
+	return (loaded->table->caps & known & cap) == cap && cap != 0;
 }
 
 void emm_backend_unload(struct emm_backend_loaded *loaded)

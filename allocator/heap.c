@@ -59,79 +59,6 @@ static inline struct arena *thread_arena(const struct emm_heap *heap)
 
 /* --- allocate and free ---------------------------------------------------- */
 
-static inline struct emm_block *find_block(struct arena *h, unsigned pool, size_t rounded,
-                                           emm_stream_t stream)
-{
-	struct emm_block *b = NULL;
-
-	if (stream != EMM_STREAM_SYNC)
-		b = find_fit(h, pool, stream, rounded);
-	if (!b)
-		b = find_fit(h, pool, 0, rounded);
-	return b;
-}
-
-/* The miss path: completed fences, epoch pressure, stealing, the source,
- * and the OOM retry; hands the block out. Lock held, dropped around fence
- * ops and the source (every lookup after one is fresh). */
-static int alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
-                      struct emm_block **ret)
-{
-	struct emm_block *b;
-	int r;
-
-	if (h->fq_head && emm_heap_poll_fences(h) && (b = find_block(h, pool, rounded, stream)))
-		goto hit;
-
-	/* Pressure: the open epoch holds a block that could serve this and has
-	 * seen half its quota of frees. Half, not less: a loop of alloc/kernel/
-	 * free then records one event per epoch_max_blocks/2 pairs (0.0625 at
-	 * the default 32, measured on the H200), while the memory parked in an
-	 * open epoch stays bounded by half the quota. */
-	struct emm_fence *ep = h->open;
-	if (ep->max_size[pool] >= rounded && ep->nblocks >= (h->p.epoch_max_blocks + 1) / 2 &&
-	    emm_heap_close_epoch(h) == 0) {
-		if ((b = find_block(h, pool, rounded, stream)))
-			goto hit;
-		if (h->fq_head && emm_heap_poll_fences(h) && (b = find_block(h, pool, rounded, stream)))
-			goto hit;
-	}
-
-	if ((b = emm_heap_try_steal(h, pool, rounded, stream))) {
-		h->st.hits++;
-		emm_pool_take_reserved(h, b, rounded, size, stream);
-		*ret = b;
-		return 0;
-	}
-
-	size_t seg_size = emm_heap_segment_size(&h->p, rounded);
-	if (!seg_size)
-		return -EOVERFLOW;
-	r = emm_pool_grow(h, pool, seg_size, stream, &b);
-	if (r == -ENOMEM && h->p.oom_retry) {
-		emm_heap_oom_recover(h);
-		emm_heap_oom_recover_others(h);
-		h->st.oom_retries++;
-		if ((b = find_block(h, pool, rounded, stream)))
-			goto hit;
-		r = emm_pool_grow(h, pool, seg_size, stream, &b);
-	}
-	if (r) {
-		if (r == -ENOMEM)
-			h->st.ooms++;
-		return r;
-	}
-	h->st.misses++;
-	emm_pool_take_block(h, b, rounded, size, stream);
-	*ret = b;
-	return 0;
-hit:
-	h->st.hits++;
-	emm_pool_take_block(h, b, rounded, size, stream);
-	*ret = b;
-	return 0;
-}
-
 static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
                        emm_addr_t *ret_addr)
 {
@@ -144,16 +71,23 @@ static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t si
 	if (EMM_LIKELY(b)) {
 		h->st.hits++;
 		emm_pool_take_block(h, b, rounded, size, stream);
-		addr = b->addr;
-		arena_unlock(h);
+		if (EMM_LIKELY(!b->seg->unmapped)) {
+			addr = b->addr;
+			arena_unlock(h);
+			goto insert;
+		}
+		r = emm_heap_alloc_map(h, pool, rounded, size, stream, &b);
 	} else {
-		r = alloc_slow(h, pool, rounded, size, stream, &b);
-		addr = r ? 0 : b->addr;
-		arena_unlock_release(h);
-		if (r)
-			return r;
+		r = emm_heap_alloc_slow(h, pool, rounded, size, stream, &b);
+		if (r == 0 && EMM_UNLIKELY(b->seg->unmapped))
+			r = emm_heap_alloc_map(h, pool, rounded, size, stream, &b);
 	}
+	addr = r ? 0 : b->addr;
+	arena_unlock_release(h);
+	if (r)
+		return r;
 
+insert:
 	r = emm_blockmap_insert(addr, b);
 	if (EMM_UNLIKELY(r)) {
 		if (r == -EEXIST)
@@ -229,13 +163,24 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 			emm_heap_close_epoch(h);
 	}
 	/* The threshold applies per arena. */
-	if (EMM_UNLIKELY(h->p.release_threshold != SIZE_MAX && h->idle_head &&
-	                 h->st.reserved - h->st.allocated > h->p.release_threshold))
-		release = emm_pool_release_collect(h, h->p.release_threshold);
+	bool over = false;
+	if (EMM_UNLIKELY(h->p.release_threshold != SIZE_MAX &&
+	                 h->st.reserved - h->st.allocated > h->p.release_threshold)) {
+		if (h->idle_head)
+			release = emm_pool_release_collect(h, h->p.release_threshold);
+		over = h->has_remap;
+	}
 	arena_unlock_release(h);
 
 	if (EMM_UNLIKELY(release))
 		emm_pool_release_finish(h, release);
+	if (EMM_UNLIKELY(over)) {
+		/* Then the pages under free blocks (mapped idle bytes). */
+		arena_lock(h);
+		if (h->st.reserved - h->st.allocated > h->p.release_threshold)
+			emm_pages_release(h, h->p.release_threshold);
+		arena_unlock_release(h);
+	}
 	if (ret_requested)
 		*ret_requested = requested;
 	return 0;
@@ -285,7 +230,8 @@ static void drop_fence_struct(struct emm_fence *f)
 }
 
 static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_params *params,
-                                  const struct emm_segment_source *src, const struct emm_fence_ops *fence)
+                                  const struct emm_segment_source *src, const struct emm_segment_pages *pages,
+                                  const struct emm_fence_ops *fence)
 {
 	struct arena *h = calloc(1, sizeof(*h));
 	if (!h)
@@ -298,6 +244,17 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 		pthread_mutex_destroy(&h->lock);
 		free(h);
 		return NULL;
+	}
+	if (pthread_cond_init(&h->map_cv, NULL)) {
+		pthread_cond_destroy(&h->inflight_cv);
+		pthread_mutex_destroy(&h->lock);
+		free(h);
+		return NULL;
+	}
+	if (pages) {
+		h->pg = *pages;
+		h->has_remap = pages->unmap && pages->map;
+		h->has_grow = pages->grow != NULL;
 	}
 	h->owner = owner;
 	h->p = *params;
@@ -316,6 +273,7 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	if (!h->orphans[1]) {
 		free(h->open);
 		free(h->orphans[0]);
+		pthread_cond_destroy(&h->map_cv);
 		pthread_cond_destroy(&h->inflight_cv);
 		pthread_mutex_destroy(&h->lock);
 		free(h);
@@ -385,6 +343,7 @@ static void arena_destroy(struct arena *h, bool release_segments)
 
 	for (s = h->seg_all; s; s = next) {
 		next = s->all_next;
+		emm_pages_seg_drop(s);
 		free(s);
 	}
 	for (struct emm_fence *f = h->fence_free, *fnext; f; f = fnext) {
@@ -409,6 +368,7 @@ static void arena_destroy(struct arena *h, bool release_segments)
 		free(slab);
 	}
 	free(h->nb);
+	pthread_cond_destroy(&h->map_cv);
 	pthread_cond_destroy(&h->inflight_cv);
 	pthread_mutex_destroy(&h->lock);
 	free(h);
@@ -417,7 +377,17 @@ static void arena_destroy(struct arena *h, bool release_segments)
 int emm_heap_create(const struct emm_heap_params *params, const struct emm_segment_source *src,
                     const struct emm_fence_ops *fence, int device, emm_heap_t **ret_heap)
 {
+	return emm_heap_create_paged(params, src, NULL, fence, device, ret_heap);
+}
+
+int emm_heap_create_paged(const struct emm_heap_params *params, const struct emm_segment_source *src,
+                          const struct emm_segment_pages *pages, const struct emm_fence_ops *fence, int device,
+                          emm_heap_t **ret_heap)
+{
 	if (!params || !src || !src->alloc || !src->free || !ret_heap)
+		return -EINVAL;
+	if (pages && (pages->granularity < EMM_MIN_BLOCK || (pages->granularity & (pages->granularity - 1)) ||
+	              !pages->unmap != !pages->map || (!pages->map && !pages->grow)))
 		return -EINVAL;
 	if (params->small_segment == 0 || params->small_segment % EMM_MIN_BLOCK ||
 	    params->large_segment == 0 || params->large_segment % EMM_MIN_BLOCK || params->large_round == 0 ||
@@ -441,7 +411,7 @@ int emm_heap_create(const struct emm_heap_params *params, const struct emm_segme
 		heap->narenas *= 2;
 	heap->device = device;
 	for (unsigned i = 0; i < heap->narenas; i++) {
-		heap->arenas[i] = arena_create(heap, params, src, fence);
+		heap->arenas[i] = arena_create(heap, params, src, pages, fence);
 		if (!heap->arenas[i]) {
 			while (i-- > 0)
 				arena_destroy(heap->arenas[i], false);
@@ -506,7 +476,7 @@ int emm_heap_last_fence(emm_heap_t *heap, uint64_t *ret_event)
 
 long long emm_heap_release_idle(emm_heap_t *heap, size_t keep)
 {
-	size_t idle[MAX_ARENAS];
+	size_t idle[MAX_ARENAS], keep_all = keep;
 	long long total = 0;
 
 	if (!heap)
@@ -531,6 +501,19 @@ long long emm_heap_release_idle(emm_heap_t *heap, size_t keep)
 		if (r < 0)
 			return r; /* the failed segment and the later ones stay */
 		total += r;
+	}
+	/* Then the pages under free ready-any blocks, down to the same keep. */
+	keep = keep_all;
+	for (unsigned i = 0; i < heap->narenas; i++) {
+		struct arena *h = heap->arenas[i];
+		arena_lock(h);
+		if (h->has_remap) {
+			size_t idle_now = h->st.reserved - h->st.allocated;
+			size_t k = idle_now < keep ? idle_now : keep;
+			keep -= k;
+			total += (long long)emm_pages_release(h, k);
+		}
+		arena_unlock_release(h);
 	}
 	return total;
 }

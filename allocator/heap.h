@@ -94,6 +94,33 @@ struct emm_segment_source {
 };
 
 /*
+ * Page-granular segments (a backend with EMM_BACKEND_CAP_REMAP and/or
+ * CAP_GROW, e.g. vmm): optional, given to emm_heap_create_paged.
+ *
+ * With unmap/map the heap keeps, per segment, which granules have physical
+ * memory behind them. The granules lying wholly inside a free ready-any
+ * block (never one any part of which is live, pending a fence, ready for one
+ * stream only, orphaned or reserved) may be unmapped: on the OOM retry,
+ * above the release threshold (which then counts mapped idle bytes) and in
+ * emm_heap_release_idle. A block handed out over unmapped granules gets them
+ * mapped first (the lock dropped around the call; on failure the OOM retry
+ * runs). reserved_bytes counts mapped bytes only.
+ *
+ * With grow, a large-pool miss first tries to extend the arena's newest
+ * large segment of the same stream key in place (its tail block, if
+ * ready-any, grows; else a new block is appended) before opening a new one.
+ */
+struct emm_segment_pages {
+	void *state;
+	size_t granularity; /* a power of two >= 512; segments not aligned to it are left alone */
+	/* Release / back again [seg + offset, + length), whole granules; both or neither. */
+	int (*unmap)(void *state, emm_addr_t seg, size_t seg_size, size_t offset, size_t length);
+	int (*map)(void *state, emm_addr_t seg, size_t seg_size, size_t offset, size_t length);
+	/* Extend a segment in place (-ENOSPC: it cannot); NULL: no growth. */
+	int (*grow)(void *state, emm_addr_t seg, size_t old_size, size_t new_size);
+};
+
+/*
  * Completion markers, supplied by the embedder (interpose/ maps them to
  * cuEventRecord/cuEventQuery/cuStreamWaitEvent/cuEventSynchronize on the
  * context's streams; tests use a double with delayed completion). A NULL
@@ -144,6 +171,13 @@ size_t emm_heap_segment_size(const struct emm_heap_params *params, size_t rounde
 int emm_heap_create(const struct emm_heap_params *params, const struct emm_segment_source *src,
 		    const struct emm_fence_ops *fence, int device, emm_heap_t **ret_heap);
 
+/* The same with page-granular segments (pages may be NULL: as above).
+ * -EINVAL for a granularity that is not a power of two >= 512, or only one
+ * of unmap/map, or neither pair nor grow. */
+int emm_heap_create_paged(const struct emm_heap_params *params, const struct emm_segment_source *src,
+			  const struct emm_segment_pages *pages, const struct emm_fence_ops *fence, int device,
+			  emm_heap_t **ret_heap);
+
 /*
  * Destroy a heap. With release_segments, idle and live segments go back to
  * the source (pending fences are synchronized first); without it (context
@@ -191,7 +225,8 @@ void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream);
  * capture end). -EBUSY while a capture forbids it. */
 int emm_heap_flush(emm_heap_t *heap);
 
-/* Return idle segments to the source until at most `keep` idle bytes remain.
+/* Return idle segments to the source until at most `keep` idle bytes remain,
+ * then (page-granular heaps) the pages under free ready-any blocks.
  * Returns bytes released (>= 0) or a negative errno: the source's error if
  * it failed a free (that segment and the ones not yet handled stay idle in
  * the heap, still counted and reusable). */

@@ -22,6 +22,46 @@
 		}                                                                                            \
 	} while (0)
 
+/* Page-granular segments: the unmapped count matches the bitmap, and no
+ * granule any part of which belongs to a block other than a ready-any one
+ * lacks memory (a live block being mapped may have busy granules), nor one
+ * that a ready-any block only partly covers. */
+static int check_pages(struct arena *h, struct emm_segment *s)
+{
+	size_t g = h->pg.granularity, n, unmapped = 0;
+
+	if (!s->gmap)
+		return 0;
+	n = s->size / g;
+	CHECK(s->gwords * 64 >= n, "segment 0x%llx: bitmap of %zu words for %zu granules",
+	      (unsigned long long)s->base, s->gwords, n);
+	for (size_t i = 0; i < n; i++)
+		unmapped += !((s->gmap[i / 64] >> (i % 64)) & 1u);
+	CHECK(unmapped == s->unmapped, "segment 0x%llx: %zu granules unmapped, counter %zu",
+	      (unsigned long long)s->base, unmapped, s->unmapped);
+	if (!unmapped)
+		return 0;
+	for (struct emm_block *b = s->first; b; b = b->next) {
+		bool any = b->state == BLOCK_READY && b->stream == 0;
+		emm_addr_t lo = any ? EMM_ALIGN_UP(b->addr, g) : b->addr;
+		emm_addr_t hi = any ? (b->addr + b->size) & ~(emm_addr_t)(g - 1) : b->addr + b->size;
+		size_t first = (b->addr - s->base) / g, end = (b->addr + b->size - s->base + g - 1) / g;
+
+		for (size_t i = first; i < end; i++) {
+			emm_addr_t ga = s->base + i * g;
+			bool inner = ga >= lo && ga + g <= hi && hi > lo;
+			bool mapped = (s->gmap[i / 64] >> (i % 64)) & 1u;
+			bool busy = (s->gbusy[i / 64] >> (i % 64)) & 1u;
+
+			CHECK(mapped || (any && inner) || busy,
+			      "granule 0x%llx has no memory under block 0x%llx (+%zu) in state %u key 0x%llx",
+			      (unsigned long long)ga, (unsigned long long)b->addr, b->size, b->state,
+			      (unsigned long long)b->stream);
+		}
+	}
+	return 0;
+}
+
 static int check_locked(struct arena *h)
 {
 	uint64_t allocated = 0, requested = 0, pending = 0, reserved = 0, live = 0, segments = 0;
@@ -110,10 +150,13 @@ static int check_locked(struct arena *h)
 		CHECK(expect == s->base + s->size, "segment 0x%llx: blocks end at 0x%llx, segment at 0x%llx",
 		      (unsigned long long)s->base, (unsigned long long)expect,
 		      (unsigned long long)(s->base + s->size));
+		CHECK(s->last == prev, "segment 0x%llx: last block pointer disagrees", (unsigned long long)s->base);
+		if (check_pages(h, s))
+			return -EFAULT;
 		bool whole_any = nblocks == 1 && s->first->state == BLOCK_READY && s->first->stream == 0;
 		CHECK(s->idle == whole_any, "segment 0x%llx: idle flag %d, whole ready-any %d",
 		      (unsigned long long)s->base, s->idle, whole_any);
-		reserved += s->size;
+		reserved += seg_mapped_bytes(h, s);
 		segments++;
 	}
 

@@ -34,6 +34,9 @@
  *     (arena_unlock_release).
  *   - idle list: segments whose only block is ready-any (whole and free),
  *     the candidates for release, oldest first.
+ *   - granule bitmaps (page-granular heaps, heap_pages.c): per segment,
+ *     which granules have memory behind them and which are being mapped.
+ *     Only granules wholly inside a ready-any block may be unmapped.
  *
  * Lock order: heap lock, then the segment map's lock (segmap insert and
  * check run under the heap lock). The block map is only touched outside
@@ -103,12 +106,20 @@ struct emm_segment {
 	struct emm_segment *prev, *next; /* live segments; recycle list through next */
 	struct emm_segment *idle_prev, *idle_next;
 	struct emm_segment *all_next; /* every struct ever made, for destroy */
-	struct emm_block *first;
+	struct emm_block *first, *last;
 	emm_addr_t base;
 	size_t size;
+	emm_stream_t stream; /* key of the allocation that opened it (grow in place) */
+	/* Page-granular heaps (heap_pages.c); gmap NULL: not page-managed. */
+	uint64_t *gmap;  /* bit i set: granule i has memory behind it */
+	uint64_t *gbusy; /* bit i set: granule i is being mapped, lock dropped */
+	size_t gwords;   /* words allocated in each */
+	size_t unmapped; /* granules not mapped (0 on the hot path) */
+	unsigned paging; /* map/unmap calls in flight, lock dropped: no grow meanwhile */
 	uint8_t pool;
 	bool live;
-	bool idle; /* on the idle list: one block, ready-any */
+	bool idle;    /* on the idle list: one block, ready-any */
+	bool growing; /* a grow in place runs, lock dropped */
 };
 
 /* An epoch (synchronous frees) or a stream fence (stream destroy, OOM). */
@@ -137,6 +148,7 @@ struct heap_counters {
 	uint64_t requested, requested_peak, requested_total;
 	uint64_t reserved, reserved_peak, reserved_total;
 	uint64_t pending, segments, live_blocks;
+	uint64_t page_unmaps, page_maps, unmapped_total, remapped_total, grows, grown_total;
 };
 
 #define LONE_MAX 8u /* garbage events not held by a fence struct */
@@ -150,6 +162,10 @@ struct arena {
 	struct emm_segment_source src;
 	struct emm_fence_ops fops;
 	bool has_fence;
+	struct emm_segment_pages pg; /* page-granular segments (heap_pages.c) */
+	bool has_remap, has_grow;
+	pthread_cond_t map_cv; /* a map or grow in flight finished */
+	unsigned map_waiters;
 
 	struct emm_tree trees[NPOOLS];
 	struct emm_block *block_free;
@@ -368,6 +384,19 @@ static inline struct emm_block *find_fit(struct arena *h, unsigned pool, emm_str
 	return node_block(n);
 }
 
+/* The best fit for an allocation on `stream`: its own key, then ready-any. */
+static inline struct emm_block *find_block(struct arena *h, unsigned pool, size_t rounded,
+                                           emm_stream_t stream)
+{
+	struct emm_block *b = NULL;
+
+	if (stream != EMM_STREAM_SYNC)
+		b = find_fit(h, pool, stream, rounded);
+	if (!b)
+		b = find_fit(h, pool, 0, rounded);
+	return b;
+}
+
 /* A live block is free again: undo its live accounting. */
 static inline void untake_accounting(struct arena *h, struct emm_block *b)
 {
@@ -420,6 +449,16 @@ bool emm_pool_has_key(struct arena *h, emm_stream_t key);
 /* The smallest stream key > after present in either tree, or 0 if none. */
 emm_stream_t emm_pool_next_key(struct arena *h, emm_stream_t after);
 
+/* Block metadata from the arena's slabs (NULL without memory), and back. */
+struct emm_block *emm_pool_block_new(struct arena *h);
+void emm_pool_block_recycle(struct arena *h, struct emm_block *b);
+
+/* Bytes of a segment with memory behind them. */
+static inline size_t seg_mapped_bytes(const struct arena *h, const struct emm_segment *s)
+{
+	return s->size - s->unmapped * h->pg.granularity;
+}
+
 /* A new segment of seg_size from the source (lock dropped around the call),
  * its whole block ready-any in *ret. 0, or the source's error. */
 int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t stream,
@@ -436,6 +475,44 @@ static inline bool f_capturing(struct arena *h, emm_stream_t s)
 {
 	return h->has_fence && h->fops.capturing && h->fops.capturing(h->fops.ctx, s);
 }
+
+/* --- heap_alloc.c: the allocation miss path ------------------------------- */
+
+/* The miss path: completed fences, epoch pressure, stealing, growing in
+ * place or a new segment, the OOM retry; the block taken (live) in *ret.
+ * Lock held, dropped around fence ops and the source. */
+int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
+                        struct emm_block **ret);
+
+/* The block taken in *ret lies over unmapped granules: map them; on
+ * out-of-memory give back cache and retry the allocation once. 0 and the
+ * block to hand out in *ret, or -errno (nothing taken). Lock held. */
+int emm_heap_alloc_map(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
+                       struct emm_block **ret);
+
+/* --- heap_pages.c: page-granular segments -------------------------------- */
+
+/* A new segment: every granule mapped (no bitmap if the heap has no pages,
+ * the segment is not granule-aligned, or there is no memory for one). */
+void emm_pages_seg_init(struct arena *h, struct emm_segment *s);
+void emm_pages_seg_drop(struct emm_segment *s); /* destroy: free the bitmaps */
+
+/* Map every unmapped granule under live block b, which is not handed out
+ * yet. 0, or the source's error (those granules stay unmapped). Lock held;
+ * dropped around the calls (waits for maps of shared granules in flight). */
+int emm_pages_map_block(struct arena *h, struct emm_block *b);
+
+/* Unmap the granules wholly inside ready-any blocks, largest blocks first,
+ * until at most `keep` idle bytes (reserved - allocated) remain. Returns the
+ * bytes given back. Lock held; dropped around the calls. */
+size_t emm_pages_release(struct arena *h, size_t keep);
+
+/* Grow the arena's newest large segment of `stream` in place so that its
+ * tail can serve `rounded`: 0 and the ready-any tail block in *ret;
+ * -ENOSPC (no such segment, or it cannot grow: open a new one), -EAGAIN
+ * (another grow of it just finished: look again), -ENOMEM, or another
+ * error. Lock held; dropped around the call. */
+int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct emm_block **ret);
 
 /* --- heap_oom.c: out of memory ------------------------------------------- */
 

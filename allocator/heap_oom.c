@@ -2,7 +2,8 @@
 /*
  * allocator/heap_oom.c - out-of-memory recovery of the allocation miss path:
  * fence and synchronize everything pending in an arena and give its idle
- * segments back, then the same for the other arenas, before the one retry.
+ * segments and the pages under free blocks back, then the same for the
+ * other arenas, before the one retry.
  */
 #include "allocator/heap_internal.h"
 
@@ -71,6 +72,10 @@ void emm_heap_oom_recover(struct arena *h)
 		emm_pool_release_finish(h, list);
 		arena_lock(h);
 	}
+	/* Page-granular heaps: the pages under every free ready-any block
+	 * too (whole idle segments went back first: that frees their
+	 * address range as well). */
+	emm_pages_release(h, 0);
 }
 
 /* The other arenas' idle memory goes back too (one arena locked at a time:

@@ -57,6 +57,16 @@ static inline void block_recycle(struct arena *h, struct emm_block *b)
 	h->block_free = b;
 }
 
+struct emm_block *emm_pool_block_new(struct arena *h)
+{
+	return block_new(h);
+}
+
+void emm_pool_block_recycle(struct arena *h, struct emm_block *b)
+{
+	block_recycle(h, b);
+}
+
 static struct emm_segment *segment_new(struct arena *h)
 {
 	struct emm_segment *s = h->seg_free;
@@ -73,9 +83,12 @@ static struct emm_segment *segment_new(struct arena *h)
 	}
 	s->prev = s->next = NULL;
 	s->idle_prev = s->idle_next = NULL;
-	s->first = NULL;
+	s->first = s->last = NULL;
 	s->live = false;
 	s->idle = false;
+	s->unmapped = 0;
+	s->paging = 0;
+	s->growing = false;
 	return s;
 }
 
@@ -155,6 +168,8 @@ struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm
 		b->next = n->next;
 		if (b->next)
 			b->next->prev = b;
+		else
+			b->seg->last = b;
 		block_recycle(h, n);
 		h->st.merges++;
 	}
@@ -191,6 +206,8 @@ static inline void take_common(struct arena *h, struct emm_block *b, size_t roun
 			r->next = b->next;
 			if (b->next)
 				b->next->prev = r;
+			else
+				b->seg->last = r;
 			b->next = r;
 			b->size = rounded;
 			h->st.splits++;
@@ -350,7 +367,9 @@ int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t 
 	s->base = addr;
 	s->size = seg_size;
 	s->pool = (uint8_t)pool;
-	s->first = b;
+	s->stream = stream;
+	s->first = s->last = b;
+	emm_pages_seg_init(h, s);
 	seg_link(h, s);
 	b->seg = s;
 	b->pool = (uint8_t)pool;
@@ -378,8 +397,8 @@ struct emm_segment *emm_pool_release_collect(struct arena *h, size_t keep)
 
 		tree_take(h, s->first);
 		seg_unlink(h, s);
-		h->st.reserved -= s->size;
-		heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, -(int64_t)s->size);
+		h->st.reserved -= seg_mapped_bytes(h, s);
+		heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, -(int64_t)seg_mapped_bytes(h, s));
 		h->st.segments--;
 		/* Oldest first, as they were idle. */
 		s->next = NULL;
@@ -394,8 +413,8 @@ struct emm_segment *emm_pool_release_collect(struct arena *h, size_t keep)
 static void release_undo(struct arena *h, struct emm_segment *s)
 {
 	seg_link(h, s);
-	h->st.reserved += s->size;
-	heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, (int64_t)s->size);
+	h->st.reserved += seg_mapped_bytes(h, s);
+	heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, (int64_t)seg_mapped_bytes(h, s));
 	h->st.segments++;
 	emm_pool_block_ready(h, s->first, 0);
 }
@@ -427,7 +446,7 @@ long long emm_pool_release_finish(struct arena *h, struct emm_segment *list)
 			failed = s;
 			break;
 		}
-		bytes += (long long)s->size;
+		bytes += (long long)seg_mapped_bytes(h, s);
 		freed++;
 	}
 	arena_lock(h);

@@ -57,6 +57,14 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 		out->pending_bytes += c->pending;
 		out->segments += c->segments;
 		out->live_blocks += c->live_blocks;
+		out->page_unmaps += c->page_unmaps;
+		out->page_maps += c->page_maps;
+		out->unmapped_bytes_total += c->unmapped_total;
+		out->remapped_bytes_total += c->remapped_total;
+		out->segment_grows += c->grows;
+		out->grown_bytes_total += c->grown_total;
+		for (struct emm_segment *s = h->segs; s; s = s->next)
+			out->unmapped_bytes += s->unmapped * h->pg.granularity;
 		arena_unlock(h);
 	}
 	out->reserved_bytes_peak +=

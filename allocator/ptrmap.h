@@ -29,6 +29,9 @@ void emm_blockmap_reset(void);
 /* Segment map: [base, base+size) -> opaque value (a struct emm_segment *). */
 int emm_segmap_insert(uint64_t base, size_t size, void *value); /* -EEXIST on overlap, -ENOMEM */
 void *emm_segmap_remove(uint64_t base);				/* NULL if absent */
+/* Move the end of the segment at `base` (grown in place): -ENOENT, -EEXIST
+ * if it would overlap the next one, -EINVAL. */
+int emm_segmap_resize(uint64_t base, size_t new_size);
 /* The segment containing addr: 0 and base/size/value, or -ENOENT. */
 int emm_segmap_find(uint64_t addr, uint64_t *ret_base, size_t *ret_size, void **ret_value);
 size_t emm_segmap_count(void);

@@ -114,6 +114,30 @@ out:
 	return ret;
 }
 
+int emm_segmap_resize(uint64_t base, size_t new_size)
+{
+	uint64_t end = base + new_size;
+	size_t i;
+	int ret = -ENOENT;
+
+	if (new_size == 0 || end < base)
+		return -EINVAL;
+	pthread_rwlock_wrlock(&segmap_lock);
+	i = array ? upper_bound(base) : 0;
+	if (i > 0 && array->entries[i - 1].base == base) {
+		if (i < segment_count && array->entries[i].base < end) {
+			ret = -EEXIST;
+		} else {
+			array->entries[i - 1].end = end;
+			if (end > atomic_load_explicit(&bound_hi, memory_order_relaxed))
+				atomic_store_explicit(&bound_hi, end, memory_order_relaxed);
+			ret = 0;
+		}
+	}
+	pthread_rwlock_unlock(&segmap_lock);
+	return ret;
+}
+
 void *emm_segmap_remove(uint64_t base)
 {
 	void *value = NULL;

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define EMM_STATS_VERSION 2
+#define EMM_STATS_VERSION 3
 
 /* One scope's counters (a device, or the whole process with device -1). */
 struct emm_stats {
@@ -59,14 +59,23 @@ struct emm_stats {
 	uint64_t requested_bytes;	/* what the program asked for */
 	uint64_t requested_bytes_peak;
 	uint64_t requested_bytes_total;
-	uint64_t reserved_bytes;	/* held from the backend */
+	uint64_t reserved_bytes;	/* held from the backend (mapped bytes only) */
 	uint64_t reserved_bytes_peak;
 	uint64_t reserved_bytes_total;
 	uint64_t pending_bytes;		/* freed, waiting for a fence */
 	uint64_t segments;		/* live segments */
 	uint64_t live_blocks;		/* blocks the program holds */
 
-	/* version 2: the VMM calls (cuMemCreate, cuMemMap, ...) and explicit pools */
+	/* version 2: page-granular backends (vmm) */
+	uint64_t page_unmaps;		/* backend calls releasing the pages under free blocks */
+	uint64_t page_maps;		/* backend calls backing such pages again */
+	uint64_t unmapped_bytes_total;	/* bytes given back that way */
+	uint64_t remapped_bytes_total;	/* bytes backed again */
+	uint64_t unmapped_bytes;	/* segment address space with no memory behind it now */
+	uint64_t segment_grows;		/* segments extended in place */
+	uint64_t grown_bytes_total;	/* bytes they grew by */
+
+	/* version 3: the VMM calls (cuMemCreate, cuMemMap, ...) and explicit pools */
 	uint64_t vmm_allocs;		/* cuMemCreate handles given to the program */
 	uint64_t vmm_hits;		/* ... of which from the VMM cache (no driver call) */
 	uint64_t vmm_misses;		/* ... of which made by the driver */

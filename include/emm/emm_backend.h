@@ -18,6 +18,11 @@
  * Version history:
  *   1 - initial: init/fini per context, segment alloc/free, mem_info, trim,
  *       host (pinned) segment alloc/free, capabilities.
+ *   2 - page-granular segments (virtual memory management): granularity,
+ *       segment_unmap, segment_map (EMM_BACKEND_CAP_REMAP) and segment_grow
+ *       (EMM_BACKEND_CAP_GROW). A table that negotiates version 1 is never
+ *       asked for them, whatever its caps say; one that negotiates 2 and
+ *       advertises a cap must have that cap's methods (the loader checks).
  *
  * Conventions: every method returns 0 or a negative errno (-ENOMEM when the
  * memory is not there), and writes its out-parameters only on success.
@@ -34,7 +39,7 @@
 extern "C" {
 #endif
 
-#define EMM_BACKEND_INTERFACE_VERSION 1
+#define EMM_BACKEND_INTERFACE_VERSION 2
 #define EMM_BACKEND_INTERFACE_VERSION_MIN 1
 #define EMM_BACKEND_ENTRY "emm_backend_get"
 
@@ -44,6 +49,9 @@ extern "C" {
 #define EMM_BACKEND_CAP_STREAM_ORDERED (UINT64_C(1) << 2) /* alloc/free honour the stream */
 #define EMM_BACKEND_CAP_SIMULATED (UINT64_C(1) << 3)	  /* no GPU: addresses are never touched */
 #define EMM_BACKEND_CAP_IPC (UINT64_C(1) << 4)		  /* segments can be exported with cuIpcGetMemHandle */
+/* Version 2 and up (ignored in a table that negotiated version 1): */
+#define EMM_BACKEND_CAP_REMAP (UINT64_C(1) << 5) /* granularity, segment_unmap, segment_map */
+#define EMM_BACKEND_CAP_GROW (UINT64_C(1) << 6)	 /* granularity, segment_grow */
 
 /* Log levels for emm_backend_host.log. */
 enum emm_backend_log_level {
@@ -137,6 +145,55 @@ struct emm_backend {
 
 	/* int host_segment_free(void *state, uint64_t addr, size_t size)  (optional) */
 	int (*host_segment_free)(void *state, uint64_t addr, size_t size);
+
+	/* --- version 2 -------------------------------------------------------- */
+
+	/*
+	 * int granularity(void *state, size_t *ret_granularity)
+	 *   (required with CAP_REMAP or CAP_GROW)
+	 * The page size of a segment's physical backing (e.g. 2 MiB): a power
+	 * of two, a multiple of 512. Device segments start on a multiple of
+	 * it; offsets and lengths passed to segment_unmap/segment_map and the
+	 * sizes passed to segment_grow are multiples of it. Constant for the
+	 * life of the state.
+	 */
+	int (*granularity)(void *state, size_t *ret_granularity);
+
+	/*
+	 * int segment_unmap(void *state, uint64_t seg_addr, size_t seg_size,
+	 *                   size_t offset, size_t length)   (CAP_REMAP)
+	 * Release the physical memory behind [seg_addr + offset, + length) of
+	 * a device segment of seg_size bytes (its current size), keeping the
+	 * address range reserved: the device may not touch it until it is
+	 * mapped again. The range lies inside the segment and is mapped (libemm
+	 * never unmaps a range twice). libemm calls this only once every GPU
+	 * operation that used the range is known complete. On failure nothing
+	 * of the range was released.
+	 */
+	int (*segment_unmap)(void *state, uint64_t seg_addr, size_t seg_size, size_t offset, size_t length);
+
+	/*
+	 * int segment_map(void *state, uint64_t seg_addr, size_t seg_size,
+	 *                 size_t offset, size_t length)   (CAP_REMAP)
+	 * Back an unmapped range of a segment with physical memory again,
+	 * readable and writable by the segment's device. Contents are
+	 * undefined. -ENOMEM when the memory is not there; on any failure the
+	 * range stays unmapped. segment_free of a segment releases whatever
+	 * is still mapped and the reservation, whatever was unmapped before.
+	 */
+	int (*segment_map)(void *state, uint64_t seg_addr, size_t seg_size, size_t offset, size_t length);
+
+	/*
+	 * int segment_grow(void *state, uint64_t seg_addr, size_t old_size,
+	 *                  size_t new_size)   (CAP_GROW)
+	 * Extend a segment in place: [seg_addr + old_size, seg_addr + new_size)
+	 * becomes mapped, accessible memory, and later calls name the segment
+	 * with new_size (segment_free included). -ENOSPC when the segment's
+	 * reserved range cannot hold new_size (libemm then opens a new
+	 * segment), -ENOMEM when the memory is not there; on failure the
+	 * segment is unchanged.
+	 */
+	int (*segment_grow)(void *state, uint64_t seg_addr, size_t old_size, size_t new_size);
 };
 
 /*

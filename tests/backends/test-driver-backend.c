@@ -220,7 +220,7 @@ int main(void)
 {
 	uint32_t version = EMM_BACKEND_INTERFACE_VERSION;
 
-	if (emm_backend_builtin_driver(&version, &be) != 0 || version != 1)
+	if (emm_backend_builtin_driver(&version, &be) != 0 || version != EMM_BACKEND_INTERFACE_VERSION)
 		return 1;
 	return emm_test_run(test_table, test_success_path, test_error_mapping, test_missing_driver_functions,
 	                    NULL);

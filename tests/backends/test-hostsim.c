@@ -54,8 +54,12 @@ TEST_BEGIN(test_table)
 	const struct emm_backend *table = NULL;
 
 	expect_int_eq(emm_backend_builtin_hostsim(&version, &table), 0);
-	expect_int_eq(version, 1);
+	expect_int_eq(version, EMM_BACKEND_INTERFACE_VERSION);
 	assert_ptr_not_null(table);
+	expect_false(table->caps & (EMM_BACKEND_CAP_REMAP | EMM_BACKEND_CAP_GROW));
+	version = 1; /* an older libemm gets the same table as version 1 */
+	expect_int_eq(emm_backend_builtin_hostsim(&version, &table), 0);
+	expect_int_eq(version, 1);
 	expect_str_eq(table->name, "hostsim");
 	expect_true(table->caps & EMM_BACKEND_CAP_DEVICE);
 	expect_true(table->caps & EMM_BACKEND_CAP_SIMULATED);

@@ -8,6 +8,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <stddef.h>
 #include <unistd.h>
 
 #include "allocator/backend_loader.h"
@@ -199,7 +200,7 @@ TEST_BEGIN(test_bad_names)
 	struct emm_backend_loaded loaded;
 
 	expect_refused("nosuchbackend", -ENOENT, "nosuchbackend");
-	expect_true(strstr(captured, "driver, hostsim") != NULL);
+	expect_true(strstr(captured, "driver, hostsim, vmm") != NULL);
 	expect_refused("..", -ENOENT, "..");
 	expect_refused("sp ace", -ENOENT, "sp ace");
 
@@ -208,6 +209,76 @@ TEST_BEGIN(test_bad_names)
 	expect_int_eq(emm_backend_load(NULL, dlsym, &loaded), -EINVAL);
 	expect_int_eq(emm_backend_load("hostsim", NULL, &loaded), -EINVAL);
 	expect_int_eq(capture_end(), 3);
+}
+TEST_END
+
+/* Version 2: older and newer backends negotiate, a garbage answer and a
+ * cap without its methods are refused, each with one clear line. */
+TEST_BEGIN(test_version2)
+{
+	struct emm_backend_loaded loaded;
+	char path[600];
+
+	/* Offered 2, speaks only 1: accepted as 1; its (wrong) CAP_REMAP bit is
+	 * not a version-1 cap, so libemm never asks for the new methods. */
+	fake_path(path, sizeof(path), "v1");
+	capture_begin();
+	expect_int_eq(emm_backend_load(path, dlsym, &loaded), 0);
+	expect_int_eq(capture_end(), 0);
+	expect_int_eq(loaded.version, 1);
+	expect_true(loaded.table->caps & EMM_BACKEND_CAP_REMAP);
+	expect_false(emm_backend_has_cap(&loaded, EMM_BACKEND_CAP_REMAP));
+	expect_true(emm_backend_has_cap(&loaded, EMM_BACKEND_CAP_DEVICE));
+	emm_backend_unload(&loaded);
+
+	/* Built for a future version 3: answers 2, its larger table is fine. */
+	fake_path(path, sizeof(path), "v3");
+	capture_begin();
+	expect_int_eq(emm_backend_load(path, dlsym, &loaded), 0);
+	expect_int_eq(capture_end(), 0);
+	expect_int_eq(loaded.version, 2);
+	expect_true(emm_backend_has_cap(&loaded, EMM_BACKEND_CAP_REMAP | EMM_BACKEND_CAP_GROW));
+	emm_backend_unload(&loaded);
+
+	fake_path(path, sizeof(path), "v2good");
+	expect_int_eq(emm_backend_load(path, dlsym, &loaded), 0);
+	expect_int_eq(loaded.version, 2);
+	expect_true(emm_backend_has_cap(&loaded, EMM_BACKEND_CAP_GROW));
+	expect_false(emm_backend_has_cap(&loaded, EMM_BACKEND_CAP_HOST_PINNED));
+	expect_false(emm_backend_has_cap(&loaded, 0));
+	expect_false(emm_backend_has_cap(NULL, EMM_BACKEND_CAP_DEVICE));
+	emm_backend_unload(&loaded);
+
+	fake_path(path, sizeof(path), "garbage");
+	expect_refused(path, -ENOTSUP, "version 3735928559");
+	expect_true(strstr(captured, "more than was offered") != NULL);
+
+	fake_path(path, sizeof(path), "v2nogran");
+	expect_refused(path, -EINVAL, "advertises CAP_GROW but its table lacks the method granularity");
+	fake_path(path, sizeof(path), "v2nounmap");
+	expect_refused(path, -EINVAL, "advertises CAP_REMAP but its table lacks the method segment_unmap");
+	fake_path(path, sizeof(path), "v2nomap");
+	expect_refused(path, -EINVAL, "advertises CAP_REMAP but its table lacks the method segment_map");
+	fake_path(path, sizeof(path), "v2nogrow");
+	expect_refused(path, -EINVAL, "advertises CAP_GROW but its table lacks the method segment_grow");
+	expect_true(strstr(captured, path) != NULL);
+	{
+		char needle[100];
+
+		snprintf(needle, sizeof(needle), "interface version 2 needs %zu",
+		         offsetof(struct emm_backend, segment_grow) + sizeof(void *));
+		fake_path(path, sizeof(path), "v2small");
+		expect_refused(path, -EINVAL, needle);
+	}
+
+	/* The built-ins: driver and hostsim speak 2 without the new caps;
+	 * vmm has both. */
+	expect_int_eq(emm_backend_load("driver", dlsym, &loaded), 0);
+	expect_int_eq(loaded.version, 2);
+	expect_false(emm_backend_has_cap(&loaded, EMM_BACKEND_CAP_REMAP));
+	expect_int_eq(emm_backend_load("vmm", dlsym, &loaded), 0);
+	expect_str_eq(loaded.table->name, "vmm");
+	expect_true(emm_backend_has_cap(&loaded, EMM_BACKEND_CAP_REMAP | EMM_BACKEND_CAP_GROW));
 }
 TEST_END
 
@@ -245,5 +316,5 @@ int main(int argc, char **argv)
 	fake_dir = argv[1];
 	hostsim_so = argv[2];
 	return emm_test_run(test_builtin_by_name, test_builtin_beside_library, test_by_path, test_refusals,
-	                    test_bad_names, test_lookup_argument, NULL);
+	                    test_version2, test_bad_names, test_lookup_argument, NULL);
 }

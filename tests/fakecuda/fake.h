@@ -96,7 +96,11 @@
 	X(cuCtxGetId) X(cuGraphCreate) X(cuGraphClone)                           \
 	X(cuGraphAddChildGraphNode) X(cuGraphInstantiate)                        \
 	X(cuGraphInstantiate_v2) X(cuGraphInstantiateWithParams)                 \
-	X(cuGraphInstantiateWithParams_ptsz)
+	X(cuGraphInstantiateWithParams_ptsz)                                     \
+	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) \
+	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)            \
+	X(cuMemGetAllocationGranularity) X(cuMemGetAllocationPropertiesFromHandle) \
+	X(cuMemRetainAllocationHandle)
 
 enum fake_fn {
 #define FAKE_FN_ENUM(name) FN_##name,
@@ -281,6 +285,11 @@ void fake_mem_reset_locked(void);
 void fake_mem_after_fork_child_locked(void);
 /* Frees a pointer captured by cuMemFreeAsync when its graph is launched. */
 void fake_mem_free_deferred_locked(CUdeviceptr ptr);
+
+/* --- fake_vmm.c --- */
+
+/* Forget every reservation, mapping and physical allocation (reset). */
+void fake_vmm_reset_locked(void);
 
 /* --- fake_stream.c --- */
 

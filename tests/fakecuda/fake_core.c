@@ -219,6 +219,7 @@ FAKECUDA_API void fakecuda_reset(void)
 	fake_lock();
 	fake_streams_reset_locked();
 	fake_mem_reset_locked();
+	fake_vmm_reset_locked();
 	for (struct fake_ctx *c = g_fake.contexts, *n; c; c = n) {
 		n = c->next;
 		free(c);

@@ -163,6 +163,17 @@ static const struct proc_entry table[] = {
 	LEGACY(cuGraphLaunch, 10000, cuGraphLaunch)
 	PT(cuGraphLaunch, 10000, cuGraphLaunch_ptsz)
 	LEGACY(cuGraphExecDestroy, 10000, cuGraphExecDestroy)
+	LEGACY(cuMemAddressReserve, 10020, cuMemAddressReserve)
+	LEGACY(cuMemAddressFree, 10020, cuMemAddressFree)
+	LEGACY(cuMemCreate, 10020, cuMemCreate)
+	LEGACY(cuMemRelease, 10020, cuMemRelease)
+	LEGACY(cuMemMap, 10020, cuMemMap)
+	LEGACY(cuMemUnmap, 10020, cuMemUnmap)
+	LEGACY(cuMemSetAccess, 10020, cuMemSetAccess)
+	LEGACY(cuMemGetAccess, 10020, cuMemGetAccess)
+	LEGACY(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity)
+	LEGACY(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle)
+	LEGACY(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)
 };
 
 #undef LEGACY

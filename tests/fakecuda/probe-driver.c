@@ -56,7 +56,11 @@
 	X(cuStreamGetCaptureInfo_v3) X(cuThreadExchangeStreamCaptureMode)                     \
 	X(cuEventCreate) X(cuEventRecord) X(cuEventRecordWithFlags) X(cuEventQuery)           \
 	X(cuEventSynchronize) X(cuEventDestroy_v2) X(cuGraphDestroy)                          \
-	X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy)
+	X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGraphExecDestroy)                 \
+	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease)             \
+	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                         \
+	X(cuMemGetAllocationGranularity) X(cuMemGetAllocationPropertiesFromHandle)            \
+	X(cuMemRetainAllocationHandle)
 
 #define DECLARE(name) static __typeof__(name) *p_##name;
 DRIVER_FUNCTIONS(DECLARE)
@@ -1484,6 +1488,117 @@ static void case_error_table(void)
 
 /* --- the runner --- */
 
+/* --- cases: virtual memory management (the vmm backend's calls) --- */
+
+static CUmemAllocationProp vmm_prop(int dev)
+{
+	CUmemAllocationProp prop;
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.location.id = dev;
+	return prop;
+}
+
+static void case_vmm(void)
+{
+	SETUP();
+	CUmemAllocationProp prop = vmm_prop(0), bad = vmm_prop(99), got;
+	CUmemAccessDesc access = {{CU_MEM_LOCATION_TYPE_DEVICE, 0}, CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+	CUmemLocation loc = {CU_MEM_LOCATION_TYPE_DEVICE, 0};
+	CUmemGenericAllocationHandle h = 0, h2 = 0, r = 0;
+	CUdeviceptr va = 0;
+	size_t g = 0, rec = 0, f0 = 0, f1 = 0, t = 0;
+	unsigned long long flags = 0;
+
+	check_rc("granularity min", CALL(cuMemGetAllocationGranularity)(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+		 CUDA_SUCCESS);
+	check_u64("granularity min is 2 MiB", g, 2 << 20);
+	check_rc("granularity recommended",
+		 CALL(cuMemGetAllocationGranularity)(&rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED), CUDA_SUCCESS);
+	check_u64("granularity recommended is 2 MiB", rec, 2 << 20);
+	check_rc("granularity NULL", CALL(cuMemGetAllocationGranularity)(NULL, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+		 CUDA_ERROR_INVALID_VALUE);
+	check_rc("granularity bad option", CALL(cuMemGetAllocationGranularity)(&g, &prop, (CUmemAllocationGranularity_flags)7),
+		 CUDA_ERROR_INVALID_VALUE);
+	g = 2 << 20;
+
+	check_rc("reserve NULL", CALL(cuMemAddressReserve)(NULL, 4 * g, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("reserve size 0", CALL(cuMemAddressReserve)(&va, 0, 0, 0, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("reserve flags", CALL(cuMemAddressReserve)(&va, 4 * g, 0, 0, 1), CUDA_ERROR_INVALID_VALUE);
+	check_rc("reserve alignment 3 MiB", CALL(cuMemAddressReserve)(&va, 4 * g, 3 << 20, 0, 0), CUDA_ERROR_INVALID_VALUE);
+	MUST(CALL(cuMemAddressReserve)(&va, 4 * g, g, 0, 0));
+	check_u64("reservation aligned", va % g, 0);
+
+	check_rc("create NULL handle", CALL(cuMemCreate)(NULL, g, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("create size 0", CALL(cuMemCreate)(&h, 0, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("create half granule", CALL(cuMemCreate)(&h, g / 2, &prop, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("create flags", CALL(cuMemCreate)(&h, g, &prop, 1), CUDA_ERROR_INVALID_VALUE);
+	check_rc("create device 99", CALL(cuMemCreate)(&h, g, &bad, 0), CUDA_ERROR_INVALID_DEVICE);
+	check_rc("create 1 PiB", CALL(cuMemCreate)(&h, (size_t)1 << 50, &prop, 0), CUDA_ERROR_OUT_OF_MEMORY);
+	MUST(CALL(cuMemGetInfo_v2)(&f0, &t));
+	MUST(CALL(cuMemCreate)(&h, 2 * g, &prop, 0));
+	MUST(CALL(cuMemGetInfo_v2)(&f1, &t));
+	check_true("create counts as used memory", f0 - f1 >= 2 * g, "free dropped by the allocation");
+	check_rc("properties", CALL(cuMemGetAllocationPropertiesFromHandle)(&got, h), CUDA_SUCCESS);
+	check_u64("properties type", got.type, CU_MEM_ALLOCATION_TYPE_PINNED);
+	check_u64("properties device", (uint64_t)got.location.id, 0);
+
+	check_rc("map offset", CALL(cuMemMap)(va, 2 * g, g, h, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("map flags", CALL(cuMemMap)(va, 2 * g, 0, h, 1), CUDA_ERROR_INVALID_VALUE);
+	check_rc("map unaligned", CALL(cuMemMap)(va + 4096, 2 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("map too big", CALL(cuMemMap)(va, 4 * g, 0, h, 0), CUDA_ERROR_INVALID_VALUE);
+	MUST(CALL(cuMemMap)(va, 2 * g, 0, h, 0));
+	MUST(CALL(cuMemCreate)(&h2, g, &prop, 0));
+	check_rc("map over a mapping", CALL(cuMemMap)(va + g, g, 0, h2, 0), CUDA_ERROR_INVALID_VALUE);
+	MUST(CALL(cuMemMap)(va + 2 * g, g, 0, h2, 0));
+	check_rc("get access before set", CALL(cuMemGetAccess)(&flags, &loc, va), CUDA_SUCCESS);
+	check_u64("access before set", flags, CU_MEM_ACCESS_FLAGS_PROT_NONE);
+	check_rc("set access NULL desc", CALL(cuMemSetAccess)(va, 3 * g, NULL, 1), CUDA_ERROR_INVALID_VALUE);
+	check_rc("set access count 0", CALL(cuMemSetAccess)(va, 3 * g, &access, 0), CUDA_ERROR_INVALID_VALUE);
+	check_rc("set access unmapped part", CALL(cuMemSetAccess)(va, 4 * g, &access, 1), CUDA_ERROR_INVALID_VALUE);
+	check_rc("set access over two mappings", CALL(cuMemSetAccess)(va, 3 * g, &access, 1), CUDA_SUCCESS);
+	check_rc("get access", CALL(cuMemGetAccess)(&flags, &loc, va + g + 100), CUDA_SUCCESS);
+	check_u64("access read-write", flags, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
+	check_rc("get access unmapped", CALL(cuMemGetAccess)(&flags, &loc, va + 3 * g), CUDA_ERROR_INVALID_VALUE);
+
+	check_rc("retain unmapped", CALL(cuMemRetainAllocationHandle)(&r, (void *)(uintptr_t)(va + 3 * g)),
+		 CUDA_ERROR_INVALID_VALUE);
+	check_rc("retain", CALL(cuMemRetainAllocationHandle)(&r, (void *)(uintptr_t)(va + g)), CUDA_SUCCESS);
+	check_u64("retain gives the handle", r, h);
+	check_rc("release the retained", CALL(cuMemRelease)(r), CUDA_SUCCESS);
+
+	check_rc("unmap part of a mapping", CALL(cuMemUnmap)(va, g), CUDA_ERROR_INVALID_VALUE);
+	check_rc("address free while mapped", CALL(cuMemAddressFree)(va, 4 * g), CUDA_ERROR_INVALID_VALUE);
+	check_rc("release while mapped", CALL(cuMemRelease)(h), CUDA_SUCCESS);
+	check_rc("unmap a whole mapping", CALL(cuMemUnmap)(va, 2 * g), CUDA_SUCCESS);
+	check_rc("unmap twice", CALL(cuMemUnmap)(va, 2 * g), CUDA_ERROR_INVALID_VALUE);
+	check_rc("unmap", CALL(cuMemUnmap)(va + 2 * g, g), CUDA_SUCCESS);
+	check_rc("release", CALL(cuMemRelease)(h2), CUDA_SUCCESS);
+	check_rc("address free wrong size", CALL(cuMemAddressFree)(va, 2 * g), CUDA_ERROR_INVALID_VALUE);
+	check_rc("address free", CALL(cuMemAddressFree)(va, 4 * g), CUDA_SUCCESS);
+	check_rc("address free twice", CALL(cuMemAddressFree)(va, 4 * g), CUDA_ERROR_INVALID_VALUE);
+	MUST(CALL(cuMemGetInfo_v2)(&f1, &t));
+	check_true("memory back after release and unmap", f1 + g >= f0, "free memory restored");
+}
+
+/* The calls need cuInit but (the fake assumes) no current context. */
+static void case_vmm_no_context(void)
+{
+	CUmemAllocationProp prop = vmm_prop(0);
+	CUmemGenericAllocationHandle h = 0;
+	CUdeviceptr va = 0;
+	size_t g = 0;
+
+	MUST(CALL(cuInit)(0));
+	check_rc("granularity", CALL(cuMemGetAllocationGranularity)(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+		 CUDA_SUCCESS);
+	check_rc("reserve", CALL(cuMemAddressReserve)(&va, 2 << 20, 0, 0, 0), CUDA_SUCCESS);
+	check_rc("create", CALL(cuMemCreate)(&h, 2 << 20, &prop, 0), CUDA_SUCCESS);
+	check_rc("release", CALL(cuMemRelease)(h), CUDA_SUCCESS);
+	check_rc("address free", CALL(cuMemAddressFree)(va, 2 << 20), CUDA_SUCCESS);
+}
+
 #define CASES(X)                                                                                       \
 	X(before_init) X(no_context) X(context_stack) X(ctx_destroy_twice) X(ctx_destroy_primary)      \
 	X(ctx_id)                                                                                      \
@@ -1500,7 +1615,7 @@ static void case_error_table(void)
 	X(capture_ctx_sync) X(capture_legacy_record) X(capture_legacy_nonblocking)                     \
 	X(capture_legacy_memcpy) X(capture_wait_uncaptured) X(capture_fork_join)                       \
 	X(capture_end_unmatched) X(procaddr) X(procaddr_args) X(export_table) X(ipc_local) X(ipc)      \
-	X(fork) X(errors)
+	X(fork) X(errors) X(vmm) X(vmm_no_context)
 
 static const struct {
 	const char *name;
