@@ -51,7 +51,7 @@ static struct emm_heap_params params1(void)
 	return p;
 }
 
-static emm_addr_t xalloc(emm_heap_t *h, size_t size, emm_stream_t s)
+static emm_addr_t xalloc_mapped(emm_heap_t *h, size_t size, emm_stream_t s)
 {
 	emm_addr_t a = 0;
 	int r = emm_heap_alloc(h, size, s, &a);
@@ -117,9 +117,9 @@ TEST_BEGIN(test_release_and_remap)
 	struct emm_heap_params p = params1();
 	emm_heap_t *h = setup(&p, 1024 * MIB, true, false, false);
 	assert_ptr_not_null(h);
-	emm_addr_t a = xalloc(h, 40 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t b = xalloc(h, 40 * MIB, EMM_STREAM_SYNC); /* another segment (no grow) */
-	emm_addr_t c = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t a = xalloc_mapped(h, 40 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t b = xalloc_mapped(h, 40 * MIB, EMM_STREAM_SYNC); /* another segment (no grow) */
+	emm_addr_t c = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
 	(void)b;
 	expect_int_eq(emm_heap_free(a, EMM_STREAM_SYNC, NULL), 0);
 	expect_int_eq(emm_heap_free(c, EMM_STREAM_SYNC, NULL), 0);
@@ -135,10 +135,10 @@ TEST_BEGIN(test_release_and_remap)
 	CHECKH(h);
 
 	/* Split a segment: d and e share one; d's pages go back alone. */
-	emm_addr_t x = xalloc(h, 40 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t x = xalloc_mapped(h, 40 * MIB, EMM_STREAM_SYNC);
 	expect_int_eq(emm_heap_free(x, EMM_STREAM_SYNC, NULL), 0);
-	emm_addr_t d = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t e = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t d = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t e = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
 	expect_u64_eq(d, x);
 	expect_u64_eq(e, x + 20 * MIB);
 	expect_int_eq(emm_heap_free(d, EMM_STREAM_SYNC, NULL), 0);
@@ -149,7 +149,7 @@ TEST_BEGIN(test_release_and_remap)
 	expect_u64_eq(st.reserved_bytes, pd.used);
 	CHECKH(h);
 	unsigned maps0 = pd.maps;
-	emm_addr_t f = xalloc(h, 20 * MIB, EMM_STREAM_SYNC); /* maps again */
+	emm_addr_t f = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC); /* maps again */
 	expect_u64_eq(f, d);
 	expect_true(pd.maps > maps0);
 	expect_u64_eq(heap_stats(h).unmapped_bytes, 0);
@@ -170,15 +170,15 @@ TEST_BEGIN(test_map_failure)
 	struct emm_heap_params p = params1();
 	emm_heap_t *h = setup(&p, 64 * MIB, true, true, false);
 	assert_ptr_not_null(h);
-	emm_addr_t a = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t b = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t c = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t a = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t b = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t c = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
 	expect_u64_eq(b, a + 20 * MIB);
 	expect_int_eq(emm_heap_free(a, EMM_STREAM_SYNC, NULL), 0);
 	expect_int_eq(emm_heap_release_idle(h, 0), 20 * MIB);
 	expect_int_eq(emm_heap_free(c, EMM_STREAM_SYNC, NULL), 0); /* mapped, free */
 	pd.capacity = 44 * MIB; /* b + c mapped: no room to map a again */
-	expect_u64_eq(xalloc(h, 20 * MIB, EMM_STREAM_SYNC), a);
+	expect_u64_eq(xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC), a);
 	struct emm_stats st = heap_stats(h);
 	expect_u64_eq(st.oom_retries, 1);
 	expect_u64_eq(st.ooms, 0);
@@ -193,13 +193,13 @@ TEST_BEGIN(test_map_failure)
 	p.oom_retry = false;
 	h = setup(&p, 64 * MIB, true, false, false);
 	assert_ptr_not_null(h);
-	a = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
-	b = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
+	a = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
+	b = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
 	expect_int_eq(emm_heap_free(a, EMM_STREAM_SYNC, NULL), 0);
 	/* a is a whole idle segment: releasing keeps 20 MiB -> pages only if
 	 * the segment is not idle; take the segment back through pages by
 	 * keeping part of it in use. */
-	emm_addr_t a1 = xalloc(h, 10 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t a1 = xalloc_mapped(h, 10 * MIB, EMM_STREAM_SYNC);
 	expect_u64_eq(a1, a);
 	expect_true(emm_heap_release_idle(h, 0) >= (long long)(10 * MIB));
 	pd.fail_map = 1;
@@ -210,7 +210,7 @@ TEST_BEGIN(test_map_failure)
 	expect_u64_eq(st2.ooms, 1);
 	expect_u64_eq(st2.live_blocks, 2);
 	CHECKH(h);
-	expect_u64_eq(xalloc(h, 10 * MIB, EMM_STREAM_SYNC), a + 10 * MIB); /* works again */
+	expect_u64_eq(xalloc_mapped(h, 10 * MIB, EMM_STREAM_SYNC), a + 10 * MIB); /* works again */
 	CHECKH(h);
 	teardown(h);
 }
@@ -224,8 +224,8 @@ TEST_BEGIN(test_threshold)
 	p.release_threshold = 8 * MIB;
 	emm_heap_t *h = setup(&p, 1024 * MIB, true, true, false);
 	assert_ptr_not_null(h);
-	emm_addr_t a = xalloc(h, 30 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t b = xalloc(h, 30 * MIB, EMM_STREAM_SYNC); /* grown in place behind a */
+	emm_addr_t a = xalloc_mapped(h, 30 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t b = xalloc_mapped(h, 30 * MIB, EMM_STREAM_SYNC); /* grown in place behind a */
 	expect_u64_eq(b, a + 30 * MIB);
 	expect_int_eq(emm_heap_free(a, EMM_STREAM_SYNC, NULL), 0);
 	struct emm_stats st = heap_stats(h);
@@ -249,10 +249,10 @@ TEST_BEGIN(test_fence_rule)
 	emm_heap_t *h = setup(&p, 1024 * MIB, true, true, true);
 	assert_ptr_not_null(h);
 	emm_heap_stream_created(h, NB, true); /* epochs then need events */
-	emm_addr_t a = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t b = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t c = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t keep = xalloc(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t a = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t b = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t c = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t keep = xalloc_mapped(h, 20 * MIB, EMM_STREAM_SYNC);
 	expect_u64_eq(c, a + 40 * MIB);
 	expect_int_eq(emm_heap_free(a, EMM_STREAM_SYNC, NULL), 0); /* pending */
 	expect_int_eq(emm_heap_free(b, S1, NULL), 0);              /* ready-stream S1 */
@@ -294,9 +294,9 @@ TEST_BEGIN(test_grow)
 	emm_heap_t *h = setup(&p, 4096 * MIB, false, true, false);
 	assert_ptr_not_null(h);
 	pd.reserve = 66 * MIB;
-	emm_addr_t a = xalloc(h, 7 * MIB, EMM_STREAM_SYNC); /* 20 MiB segment, reserve 66 */
-	emm_addr_t b = xalloc(h, 7 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t c = xalloc(h, 7 * MIB, EMM_STREAM_SYNC); /* tail 6 MiB: grows */
+	emm_addr_t a = xalloc_mapped(h, 7 * MIB, EMM_STREAM_SYNC); /* 20 MiB segment, reserve 66 */
+	emm_addr_t b = xalloc_mapped(h, 7 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t c = xalloc_mapped(h, 7 * MIB, EMM_STREAM_SYNC); /* tail 6 MiB: grows */
 	expect_u64_eq(b, a + 7 * MIB);
 	expect_u64_eq(c, b + 7 * MIB);
 	struct emm_stats st = heap_stats(h);
@@ -308,30 +308,30 @@ TEST_BEGIN(test_grow)
 	 * costs a granule more per grow): the 10th block needs a new segment. */
 	emm_addr_t more[8];
 	for (int i = 0; i < 6; i++)
-		more[i] = xalloc(h, 7 * MIB, EMM_STREAM_SYNC);
+		more[i] = xalloc_mapped(h, 7 * MIB, EMM_STREAM_SYNC);
 	expect_u64_eq(more[5], a + 8 * 7 * MIB);
-	emm_addr_t far = xalloc(h, 7 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t far = xalloc_mapped(h, 7 * MIB, EMM_STREAM_SYNC);
 	expect_true(far < a || far >= a + 64 * MIB);
 	expect_u64_eq(heap_stats(h).backend_allocs, 2);
 	CHECKH(h);
 
 	/* A grow that fails for memory: OOM retry, then it works. */
-	emm_addr_t far2 = xalloc(h, 7 * MIB, EMM_STREAM_SYNC); /* from the new segment's tail */
+	emm_addr_t far2 = xalloc_mapped(h, 7 * MIB, EMM_STREAM_SYNC); /* from the new segment's tail */
 	expect_u64_eq(far2, far + 7 * MIB);
 	pd.fail_grow = 1;
-	emm_addr_t g = xalloc(h, 7 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t g = xalloc_mapped(h, 7 * MIB, EMM_STREAM_SYNC);
 	expect_u64_eq(g, far + 14 * MIB);
 	st = heap_stats(h);
 	expect_u64_eq(st.oom_retries, 1);
 	/* The tail free block grows in place when it is ready-any. */
 	expect_int_eq(emm_heap_free(g, EMM_STREAM_SYNC, NULL), 0);
-	emm_addr_t big = xalloc(h, 16 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t big = xalloc_mapped(h, 16 * MIB, EMM_STREAM_SYNC);
 	expect_u64_eq(big, far + 14 * MIB);
 	CHECKH(h);
 
 	/* Another stream key grows its own newest segment, not the other's. */
-	emm_addr_t s1 = xalloc(h, 16 * MIB, S1);
-	emm_addr_t s2 = xalloc(h, 16 * MIB, S1);
+	emm_addr_t s1 = xalloc_mapped(h, 16 * MIB, S1);
+	emm_addr_t s2 = xalloc_mapped(h, 16 * MIB, S1);
 	expect_u64_eq(s2, s1 + 16 * MIB);
 	expect_u64_eq(heap_stats(h).backend_allocs, 3);
 	CHECKH(h);
