@@ -681,8 +681,10 @@ void emm_vmm_set_access_done(CUdeviceptr va, size_t size, const CUmemAccessDesc 
 		} else {
 			v->nocache = true;
 		}
-		if (v->va == va && v->size == size)
+		if (v->va == va && v->size == size && (v->l & L_MAPPED)) {
 			v->access_set = true;
+			v->l |= L_ACCESS;
+		}
 	}
 	st_unlock(&vmm_lock);
 }

@@ -197,8 +197,10 @@ void vmm_make_idle(struct vbuf *v)
 		return;
 	/* Idle VMM memory counts with the heaps' idle memory of the device. */
 	idle = emm_state_idle_bytes_current_device();
-	if (idle > threshold)
-		(void)release_idle(v->device, idle - threshold);
+	if (idle > threshold) {
+		size_t mine = st_vmm_idle_bytes(v->device), excess = idle - threshold;
+		(void)release_idle(v->device, mine > excess ? mine - excess : 0);
+	}
 }
 
 struct vbuf *vmm_idle_take_locked(size_t size, size_t align, CUcontext ctx)
