@@ -11,7 +11,9 @@
  *   - stream keys and the live-stream registry (streams.c), capture tracking
  *     (capture.c) and the graph quarantine (quarantine.c), the fence ops over real CUDA
  *     events (fence_cuda.c);
- *   - counters and statistics (stats.c, stats_print.c).
+ *   - counters and statistics (stats.c, stats_print.c);
+ *   - the VMM calls' cache of whole freed buffers (vmm.c, vmm_table.c,
+ *     vmm_idle.c).
  * Files inside process/ share process_internal.h as well; nothing outside
  * includes that.
  *
@@ -27,6 +29,8 @@
  *   stream_lock  - the stream registry (rwlock); a leaf.
  *   capture_lock - captures, graph objects, the graph quarantine; a leaf.
  *   pool->lock   - a context's free CUDA events; a leaf.
+ *   vmm_lock     - the VMM cache (vmm.c, vmm_table.c, vmm_idle.c); a leaf,
+ *                  and the fence ops run outside it.
  */
 #ifndef EMM_PROCESS_PROCESS_H
 #define EMM_PROCESS_PROCESS_H

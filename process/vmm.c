@@ -37,62 +37,15 @@
  * Locks: vmm_lock (a leaf) over everything here; no driver call under it.
  */
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "allocator/trace.h"
 #include "common/log.h"
 #include "process/process_internal.h"
 #include "process/vmm_internal.h"
 
-#define BUCKETS	  1024
 #define BATCH_MAX 16
-
-pthread_mutex_t vmm_lock = PTHREAD_MUTEX_INITIALIZER;
-pthread_cond_t vmm_busy_cond = PTHREAD_COND_INITIALIZER;
-
-/* Tracked vbufs, sorted by address; vbufs by handle. */
-static struct vbuf **by_va;
-static size_t nva, cap_va;
-static atomic_size_t tracked; /* nva, read without the lock */
-static struct vbuf *by_handle[BUCKETS];
-
-/* Plain reservations (no hint, no flags) and handles cuMemCreate made,
- * while no vbuf owns them: what a cuMemMap may turn into a vbuf. */
-struct plain_resv {
-	CUdeviceptr va;
-	size_t size;
-	struct plain_resv *next;
-};
-struct plain_handle {
-	CUmemGenericAllocationHandle handle;
-	size_t size;
-	CUmemAllocationProp prop;
-	bool cacheable; /* never mapped, no shareable type, not exported */
-	struct plain_handle *next;
-};
-static struct plain_resv *resv_tab[BUCKETS];
-static struct plain_handle *hnd_tab[BUCKETS];
-
-static atomic_uint_fast64_t next_thread = 1;
-static EMM_TLS_IE uint64_t tls_thread;
-
-uint64_t vmm_thread_id(void)
-{
-	if (EMM_UNLIKELY(!tls_thread))
-		tls_thread = atomic_fetch_add(&next_thread, 1);
-	return tls_thread;
-}
-
-uint64_t vmm_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 enum emm_vmm_mode_value emm_vmm_mode(void)
 {
@@ -127,178 +80,6 @@ static CUcontext current_ctx(void)
 	if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS)
 		return NULL;
 	return ctx;
-}
-
-/* --- the tables (vmm_lock held) ------------------------------------------ */
-
-static unsigned bucket(uint64_t key)
-{
-	return (unsigned)(((key >> 9) * UINT64_C(0x9E3779B97F4A7C15)) >> 54) % BUCKETS;
-}
-
-/* The first index whose vbuf starts at or after va. */
-static size_t va_lower(CUdeviceptr va)
-{
-	size_t lo = 0, hi = nva;
-
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (by_va[mid]->va < va)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo;
-}
-
-/* The first vbuf overlapping [va, va + max(size, 1)) at index >= *pos, or
- * NULL; advances *pos past it. Start with *pos = SIZE_MAX. */
-static struct vbuf *va_next_overlap(CUdeviceptr va, size_t size, size_t *pos)
-{
-	CUdeviceptr end = va + (size ? size : 1);
-
-	if (*pos == SIZE_MAX) {
-		*pos = va_lower(va);
-		if (*pos > 0 && by_va[*pos - 1]->va + by_va[*pos - 1]->size > va)
-			(*pos)--;
-	}
-	if (*pos < nva && by_va[*pos]->va < end)
-		return by_va[(*pos)++];
-	return NULL;
-}
-
-static struct vbuf *va_find(CUdeviceptr va)
-{
-	size_t i = va_lower(va);
-
-	return i < nva && by_va[i]->va == va ? by_va[i] : NULL;
-}
-
-static bool va_insert(struct vbuf *v)
-{
-	size_t i = va_lower(v->va);
-
-	if (nva == cap_va) {
-		size_t cap = cap_va ? cap_va * 2 : 64;
-		struct vbuf **a = realloc(by_va, cap * sizeof(*a));
-		if (!a)
-			return false;
-		by_va = a;
-		cap_va = cap;
-	}
-	memmove(&by_va[i + 1], &by_va[i], (nva - i) * sizeof(*by_va));
-	by_va[i] = v;
-	atomic_store_explicit(&tracked, ++nva, memory_order_relaxed);
-	return true;
-}
-
-static void va_remove(struct vbuf *v)
-{
-	size_t i = va_lower(v->va);
-
-	if (i < nva && by_va[i] == v) {
-		memmove(&by_va[i], &by_va[i + 1], (nva - i - 1) * sizeof(*by_va));
-		atomic_store_explicit(&tracked, --nva, memory_order_relaxed);
-	}
-}
-
-static struct vbuf *handle_find(CUmemGenericAllocationHandle h)
-{
-	struct vbuf *v = by_handle[bucket(h)];
-
-	while (v && v->handle != h)
-		v = v->hnext;
-	return v;
-}
-
-static void handle_remove(struct vbuf *v)
-{
-	for (struct vbuf **link = &by_handle[bucket(v->handle)]; *link; link = &(*link)->hnext)
-		if (*link == v) {
-			*link = v->hnext;
-			return;
-		}
-}
-
-static struct plain_resv **resv_link(CUdeviceptr va)
-{
-	struct plain_resv **link = &resv_tab[bucket(va)];
-
-	while (*link && (*link)->va != va)
-		link = &(*link)->next;
-	return link;
-}
-
-static struct plain_handle **hnd_link(CUmemGenericAllocationHandle h)
-{
-	struct plain_handle **link = &hnd_tab[bucket(h)];
-
-	while (*link && (*link)->handle != h)
-		link = &(*link)->next;
-	return link;
-}
-
-/* Without memory a reservation or handle is simply not tracked: it can
- * never become a vbuf, and everything about it goes to the driver. */
-static void resv_add(CUdeviceptr va, size_t size)
-{
-	struct plain_resv *r = *resv_link(va);
-
-	if (!r && (r = malloc(sizeof(*r))) != NULL) {
-		r->next = resv_tab[bucket(va)];
-		resv_tab[bucket(va)] = r;
-	}
-	if (r) {
-		r->va = va;
-		r->size = size;
-	}
-}
-
-static void resv_del(CUdeviceptr va)
-{
-	struct plain_resv **link = resv_link(va), *r = *link;
-
-	if (r) {
-		*link = r->next;
-		free(r);
-	}
-}
-
-static void hnd_add(CUmemGenericAllocationHandle h, size_t size, const CUmemAllocationProp *prop, bool cacheable)
-{
-	struct plain_handle *p = *hnd_link(h);
-
-	if (!p && (p = malloc(sizeof(*p))) != NULL) {
-		p->next = hnd_tab[bucket(h)];
-		hnd_tab[bucket(h)] = p;
-	}
-	if (p) {
-		p->handle = h;
-		p->size = size;
-		p->prop = *prop;
-		p->cacheable = cacheable;
-	}
-}
-
-static void hnd_del(CUmemGenericAllocationHandle h)
-{
-	struct plain_handle **link = hnd_link(h), *p = *link;
-
-	if (p) {
-		*link = p->next;
-		free(p);
-	}
-}
-
-void vmm_tables_fork_child(void)
-{
-	/* Leaked: the parent's objects are not the child's. */
-	by_va = NULL;
-	nva = cap_va = 0;
-	atomic_store(&tracked, 0);
-	memset(by_handle, 0, sizeof(by_handle));
-	memset(resv_tab, 0, sizeof(resv_tab));
-	memset(hnd_tab, 0, sizeof(hnd_tab));
 }
 
 /* --- comparing what the program asks for --------------------------------- */
@@ -385,11 +166,11 @@ static void take_own_pending(struct batch *b, const struct vbuf *keep)
 static void wait_unbusy(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAllocationHandle h)
 {
 	for (;;) {
-		struct vbuf *v, *hv = has_handle ? handle_find(h) : NULL;
+		struct vbuf *v, *hv = has_handle ? vmm_handle_find(h) : NULL;
 		bool busy = hv && hv->busy;
 		size_t pos = SIZE_MAX;
 
-		while (!busy && va && (v = va_next_overlap(va, size, &pos)) != NULL)
+		while (!busy && va && (v = vmm_va_next_overlap(va, size, &pos)) != NULL)
 			busy = v->busy;
 		if (!busy)
 			return;
@@ -405,10 +186,10 @@ static void take_touched(struct batch *b, CUdeviceptr va, size_t size, bool has_
 	struct vbuf *v;
 	size_t pos = SIZE_MAX;
 
-	while (va && (v = va_next_overlap(va, size, &pos)) != NULL)
+	while (va && (v = vmm_va_next_overlap(va, size, &pos)) != NULL)
 		if (all || !consistent(v))
 			batch_take(b, v);
-	if (has_handle && (v = handle_find(h)) != NULL && (all || !consistent(v)))
+	if (has_handle && (v = vmm_handle_find(h)) != NULL && (all || !consistent(v)))
 		batch_take(b, v);
 }
 
@@ -417,7 +198,7 @@ static void pass_prologue(CUdeviceptr va, size_t size, bool has_handle, CUmemGen
 {
 	struct batch b = {.n = 0};
 
-	if (!atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!vmm_tracked())
 		return;
 	st_lock(&vmm_lock);
 	wait_unbusy(va, size, has_handle, h);
@@ -465,12 +246,12 @@ void vmm_materialize(struct vbuf *v)
 		v->nfences = 0;
 	}
 	st_lock(&vmm_lock);
-	va_remove(v);
-	handle_remove(v);
+	vmm_va_remove(v);
+	vmm_handle_remove(v);
 	if (l & L_RESERVED)
-		resv_add(v->va, v->size);
+		vmm_resv_add(v->va, v->size);
 	if (l & L_CREATED)
-		hnd_add(v->handle, v->size, &v->prop, false);
+		vmm_hnd_add(v->handle, v->size, &v->prop, false);
 	pthread_cond_broadcast(&vmm_busy_cond);
 	st_unlock(&vmm_lock);
 	free(v);
@@ -485,7 +266,7 @@ int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long l
 	CUdeviceptr va = 0;
 	CUcontext ctx;
 
-	if (!cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!cache_on() || !vmm_tracked())
 		return 0;
 	ctx = current_ctx();
 	st_lock(&vmm_lock);
@@ -514,7 +295,7 @@ void emm_vmm_reserve_done(CUdeviceptr va, size_t size, CUdeviceptr addr, unsigne
 	if (!ok || addr || flags || !cache_on())
 		return;
 	st_lock(&vmm_lock);
-	resv_add(va, size);
+	vmm_resv_add(va, size);
 	st_unlock(&vmm_lock);
 }
 
@@ -527,7 +308,7 @@ int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long l
 	uint64_t self = vmm_thread_id();
 	int device = 0;
 
-	if (!cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
 	if (ret_handle && prop && !flags)
@@ -565,7 +346,7 @@ void emm_vmm_create_done(CUmemGenericAllocationHandle handle, size_t size, const
 	if (mode != EMM_VMM_MODE_CACHE)
 		return;
 	st_lock(&vmm_lock);
-	hnd_add(handle, size, prop, !flags && prop_cacheable(prop));
+	vmm_hnd_add(handle, size, prop, !flags && prop_cacheable(prop));
 	st_unlock(&vmm_lock);
 }
 
@@ -576,11 +357,11 @@ int emm_vmm_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocati
 	struct vbuf *v;
 	bool served = false;
 
-	if (!cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
 	wait_unbusy(va, size, true, handle);
-	v = handle_find(handle);
+	v = vmm_handle_find(handle);
 	if (v && v->owner == vmm_thread_id() && v->list == VB_PENDING && v->l == (L_RESERVED | L_CREATED) &&
 	    v->va == va && v->size == size && !offset && !flags) {
 		v->l |= L_MAPPED;
@@ -600,8 +381,8 @@ void emm_vmm_map_done(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAl
                       unsigned long long flags, bool ok)
 {
 	enum emm_vmm_mode_value mode = emm_vmm_mode();
-	struct plain_resv **rl;
-	struct plain_handle **hl;
+	struct plain_resv *r;
+	struct plain_handle *hd;
 	struct vbuf *v;
 	CUcontext ctx;
 
@@ -613,26 +394,25 @@ void emm_vmm_map_done(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAl
 	ctx = current_ctx();
 	v = calloc(1, sizeof(*v));
 	st_lock(&vmm_lock);
-	rl = resv_link(va);
-	hl = hnd_link(handle);
-	if (v && ctx && !offset && !flags && *rl && (*rl)->size == size && *hl && (*hl)->size == size &&
-	    (*hl)->cacheable && !handle_find(handle)) {
+	r = vmm_resv_find(va);
+	hd = vmm_hnd_find(handle);
+	if (v && ctx && !offset && !flags && r && r->size == size && hd && hd->size == size && hd->cacheable &&
+	    !vmm_handle_find(handle)) {
 		v->va = va;
 		v->size = size;
 		v->handle = handle;
-		v->prop = (*hl)->prop;
+		v->prop = hd->prop;
 		v->ctx = ctx;
 		v->device = v->prop.location.id;
 		v->l = L_RESERVED | L_CREATED | L_MAPPED;
-		if (va_insert(v)) {
-			v->hnext = by_handle[bucket(handle)];
-			by_handle[bucket(handle)] = v;
-			resv_del(va);
-			hnd_del(handle);
+		if (vmm_va_insert(v)) {
+			vmm_handle_insert(v);
+			vmm_resv_del(va);
+			vmm_hnd_del(handle);
 			v = NULL;
 		}
-	} else if (*hl) {
-		(*hl)->cacheable = false; /* mapped once: never its first mapping again */
+	} else if (hd) {
+		hd->cacheable = false; /* mapped once: never its first mapping again */
 	}
 	st_unlock(&vmm_lock);
 	free(v);
@@ -644,11 +424,11 @@ int emm_vmm_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc,
 	struct vbuf *v;
 	bool served = false;
 
-	if (!cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
 	wait_unbusy(va, size, false, 0);
-	v = va_find(va);
+	v = vmm_va_find(va);
 	if (v && v->owner == vmm_thread_id() && v->list == VB_PENDING &&
 	    v->l == (L_RESERVED | L_CREATED | L_MAPPED) && v->size == size && access_equal(v, desc, count)) {
 		v->l = L_ALL;
@@ -668,10 +448,10 @@ void emm_vmm_set_access_done(CUdeviceptr va, size_t size, const CUmemAccessDesc 
 	struct vbuf *v;
 	size_t pos = SIZE_MAX;
 
-	if (!ok || !cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!ok || !cache_on() || !vmm_tracked())
 		return;
 	st_lock(&vmm_lock);
-	while ((v = va_next_overlap(va, size, &pos)) != NULL) {
+	while ((v = vmm_va_next_overlap(va, size, &pos)) != NULL) {
 		/* The program's first access of the whole buffer is what a
 		 * reuse must repeat; anything else (a second call, a part of
 		 * it, more descriptors than kept) keeps it out of the cache. */
@@ -695,11 +475,11 @@ int emm_vmm_unmap(CUdeviceptr va, size_t size)
 	struct vbuf *v;
 	bool served = false;
 
-	if (!cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
 	wait_unbusy(va, size, false, 0);
-	v = va_find(va);
+	v = vmm_va_find(va);
 	if (v && v->size == size && (v->l & (L_MAPPED | L_ACCESS)) == (L_MAPPED | L_ACCESS) && deferrable(v)) {
 		v->l &= ~(L_MAPPED | L_ACCESS);
 		v->owner = vmm_thread_id();
@@ -738,11 +518,11 @@ int emm_vmm_release(CUmemGenericAllocationHandle handle)
 	bool served = false;
 	int device = -1;
 
-	if (!cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
 	wait_unbusy(0, 0, true, handle);
-	v = handle_find(handle);
+	v = vmm_handle_find(handle);
 	if (v && (v->l & L_CREATED) && !v->nocache && v->access_set && !st_is_exiting() &&
 	    (v->list == VB_NONE || (v->list == VB_PENDING && !(v->l & L_MAPPED)))) {
 		v->l &= ~L_CREATED;
@@ -774,7 +554,7 @@ void emm_vmm_release_done(CUmemGenericAllocationHandle handle, bool ok)
 	if (mode != EMM_VMM_MODE_CACHE)
 		return;
 	st_lock(&vmm_lock);
-	hnd_del(handle);
+	vmm_hnd_del(handle);
 	st_unlock(&vmm_lock);
 }
 
@@ -784,11 +564,11 @@ int emm_vmm_address_free(CUdeviceptr va, size_t size)
 	struct vbuf *v, *idle = NULL;
 	bool served = false;
 
-	if (!cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
 	wait_unbusy(va, size, false, 0);
-	v = va_find(va);
+	v = vmm_va_find(va);
 	/* Pending with its mapping gone: an unmap was deferred. */
 	if (v && v->size == size && v->list == VB_PENDING && (v->l & L_RESERVED) && !(v->l & L_MAPPED) &&
 	    !st_is_exiting()) {
@@ -814,7 +594,7 @@ void emm_vmm_address_free_done(CUdeviceptr va, size_t size, bool ok)
 	if (!ok || !cache_on())
 		return;
 	st_lock(&vmm_lock);
-	resv_del(va);
+	vmm_resv_del(va);
 	st_unlock(&vmm_lock);
 }
 
@@ -830,11 +610,11 @@ void emm_vmm_touch(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAll
 	if (!pin)
 		return;
 	st_lock(&vmm_lock);
-	while (va && (v = va_next_overlap(va, size, &pos)) != NULL)
+	while (va && (v = vmm_va_next_overlap(va, size, &pos)) != NULL)
 		v->nocache = true;
-	if (has_handle && (v = handle_find(handle)) != NULL)
+	if (has_handle && (v = vmm_handle_find(handle)) != NULL)
 		v->nocache = true;
-	if (has_handle && (p = *hnd_link(handle)) != NULL)
+	if (has_handle && (p = vmm_hnd_find(handle)) != NULL)
 		p->cacheable = false;
 	st_unlock(&vmm_lock);
 }
@@ -850,7 +630,7 @@ void emm_vmm_flush_pending(void)
 	struct batch b = {.n = 0};
 	unsigned taken;
 
-	if (!cache_on() || !atomic_load_explicit(&tracked, memory_order_relaxed))
+	if (!cache_on() || !vmm_tracked())
 		return;
 	do {
 		st_lock(&vmm_lock);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * process/vmm_internal.h - what vmm.c (the state machine of the VMM calls)
- * and vmm_idle.c (idle entries, their fences, giving memory back, the
- * reaper, counters) share with each other and nobody else.
+ * process/vmm_internal.h - what vmm.c (the state machine of the VMM calls),
+ * vmm_table.c (the tables it keeps) and vmm_idle.c (idle entries, their
+ * fences, giving memory back, the reaper, counters) share with each other
+ * and nobody else.
  *
  * A `vbuf` is one cacheable VMM buffer: a plain reservation of `size`
  * bytes mapped whole, at offset 0, by one handle of `size` bytes that
@@ -27,6 +28,7 @@
 
 #include <cuda.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -83,8 +85,49 @@ uint64_t vmm_now_ns(void);
  * list; no lock held. */
 void vmm_materialize(struct vbuf *v);
 
-/* vmm.c: forget every table (a fork child; nothing freed). */
+/* Plain reservations (no hint, no flags) and handles cuMemCreate made,
+ * while no vbuf owns them: what a cuMemMap may turn into a vbuf. */
+struct plain_resv {
+	CUdeviceptr va;
+	size_t size;
+	struct plain_resv *next;
+};
+struct plain_handle {
+	CUmemGenericAllocationHandle handle;
+	size_t size;
+	CUmemAllocationProp prop;
+	bool cacheable; /* never mapped, no shareable type, not exported */
+	struct plain_handle *next;
+};
+
+/* vmm_table.c, vmm_lock held. Tracked vbufs by address: the first vbuf
+ * overlapping [va, va + max(size, 1)) at index >= *pos, advancing *pos
+ * (start with SIZE_MAX); the one starting at va; insert (false without
+ * memory: not tracked) and remove. By handle: find, insert, remove. Plain
+ * reservations and handles: find, add or update (not tracked without
+ * memory), delete. */
+struct vbuf *vmm_va_next_overlap(CUdeviceptr va, size_t size, size_t *pos);
+struct vbuf *vmm_va_find(CUdeviceptr va);
+bool vmm_va_insert(struct vbuf *v);
+void vmm_va_remove(struct vbuf *v);
+struct vbuf *vmm_handle_find(CUmemGenericAllocationHandle h);
+void vmm_handle_insert(struct vbuf *v);
+void vmm_handle_remove(struct vbuf *v);
+struct plain_resv *vmm_resv_find(CUdeviceptr va);
+void vmm_resv_add(CUdeviceptr va, size_t size);
+void vmm_resv_del(CUdeviceptr va);
+struct plain_handle *vmm_hnd_find(CUmemGenericAllocationHandle h);
+void vmm_hnd_add(CUmemGenericAllocationHandle h, size_t size, const CUmemAllocationProp *prop, bool cacheable);
+void vmm_hnd_del(CUmemGenericAllocationHandle h);
+/* Forget every table (a fork child; nothing freed). */
 void vmm_tables_fork_child(void);
+
+/* Tracked vbufs (any state); read without the lock to skip the cache. */
+extern atomic_size_t vmm_tracked_count;
+static inline size_t vmm_tracked(void)
+{
+	return atomic_load_explicit(&vmm_tracked_count, memory_order_relaxed);
+}
 
 /* vmm_idle.c, vmm_lock held: link / unlink v (list: VB_PENDING or
  * VB_IDLE); the list heads; the idle bytes. */
