@@ -44,7 +44,7 @@
 #define L_ALL      (L_RESERVED | L_CREATED | L_MAPPED | L_ACCESS)
 
 #define VMM_MAX_ACCESS 4 /* access descriptors a cached buffer remembers */
-#define VMM_MAX_FENCES 16 /* legacy stream + non-blocking streams fenced */
+#define VMM_MAX_FENCES 64 /* legacy stream + non-blocking streams fenced */
 
 enum vbuf_list { VB_NONE, VB_PENDING, VB_IDLE };
 

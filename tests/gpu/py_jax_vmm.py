@@ -84,7 +84,7 @@ def train(jax, jnp, steps, case=None, bench=0.0):
 
     params, step, batch = trainer(jax, jnp)
     losses = []
-    warm = 2 * len(BATCHES)
+    warm = 4 * len(BATCHES)
     before = None
     t0 = None
     i = 0
