@@ -372,6 +372,58 @@ TEST_BEGIN(test_fork_and_exit_with_live_mappings)
 }
 TEST_END
 
+/* dlsym on libcuda.so.1 (XLA) and cuGetProcAddress (cudart) hand out
+ * libemm's shims for the VMM calls. */
+TEST_BEGIN(test_lookups_substituted)
+{
+	static const char *const names[] = {"cuMemCreate", "cuMemRelease", "cuMemAddressReserve", "cuMemAddressFree",
+	                                    "cuMemMap", "cuMemUnmap", "cuMemSetAccess", "cuMemGetAccess"};
+	void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+	CUdriverProcAddressQueryResult q;
+	Dl_info info;
+	void *fn;
+
+	assert_ptr_not_null(lib);
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+		fn = dlsym(lib, names[i]);
+		expect_true(fn && dladdr(fn, &info) && strstr(info.dli_fname, "libemm"));
+		fn = NULL;
+		expect_int_eq(cuGetProcAddress(names[i], &fn, 12000, CU_GET_PROC_ADDRESS_DEFAULT, &q), CUDA_SUCCESS);
+		expect_true(fn && dladdr(fn, &info) && strstr(info.dli_fname, "libemm"));
+	}
+}
+TEST_END
+
+/* The other orders a program may free in: the handle released while
+ * mapped (then unmap, free the range), or the range freed before the
+ * handle. Both are cached; mapping a released handle is the driver's
+ * error. */
+TEST_BEGIN(test_free_orders)
+{
+	struct buf b;
+
+	for (int round = 0; round < 3; round++) {
+		fakecuda_reset_counters();
+		assert_int_eq(xla_alloc(&b, 12 * MIB), CUDA_SUCCESS);
+		assert_int_eq(cuMemRelease(b.h), CUDA_SUCCESS);
+		memset((void *)(uintptr_t)b.va, 1, b.size); /* still mapped */
+		assert_int_eq(cuMemUnmap(b.va, b.size), CUDA_SUCCESS);
+		assert_int_eq(cuMemAddressFree(b.va, b.size), CUDA_SUCCESS);
+		assert_int_eq(xla_alloc(&b, 12 * MIB), CUDA_SUCCESS);
+		assert_int_eq(cuMemUnmap(b.va, b.size), CUDA_SUCCESS);
+		assert_int_eq(cuMemAddressFree(b.va, b.size), CUDA_SUCCESS);
+		assert_int_eq(cuMemRelease(b.h), CUDA_SUCCESS);
+		if (round > 0)
+			expect_u64_eq(vmm_calls(), 0);
+	}
+	assert_int_eq(xla_alloc(&b, 12 * MIB), CUDA_SUCCESS);
+	assert_int_eq(cuMemRelease(b.h), CUDA_SUCCESS);
+	assert_int_eq(cuMemUnmap(b.va, b.size), CUDA_SUCCESS);
+	expect_int_eq(cuMemMap(b.va, b.size, 0, b.h, 0), CUDA_ERROR_INVALID_VALUE);
+	assert_int_eq(cuMemAddressFree(b.va, b.size), CUDA_SUCCESS);
+}
+TEST_END
+
 /* --- modes ----------------------------------------------------------------- */
 
 /* Misuse answered the same with and without libemm (run both ways). */
@@ -452,6 +504,29 @@ static int mode_passthrough(bool counted)
 	return bad;
 }
 
+/* EMM_LOG=argv[2]: a VMM buffer's map and unmap are traced. */
+static int mode_trace(const char *path)
+{
+	struct emm_stats s;
+	char line[256], want[64];
+	int found = 0;
+	struct buf b;
+	FILE *f;
+
+	if (xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || xla_free(&b) != CUDA_SUCCESS)
+		return 1;
+	shims_stats(-1, &s); /* flushes the trace */
+	snprintf(want, sizeof(want), ",%#llx,%zu,", (unsigned long long)b.va, b.size);
+	f = fopen(path, "r");
+	while (f && fgets(line, sizeof(line), f))
+		if (strstr(line, want))
+			found |= strstr(line, ",allocate,") ? 1 : strstr(line, ",free,") ? 2 : 0;
+	if (f)
+		fclose(f);
+	printf("trace: %s\n", found == 3 ? "ok" : "FAILED (no allocate and free line of the buffer)");
+	return found == 3 ? 0 : 1;
+}
+
 /* EMM_RELEASE_THRESHOLD=0: a freed buffer is given back at once. */
 static int mode_threshold(void)
 {
@@ -479,10 +554,13 @@ int main(int argc, char **argv)
 			return mode_passthrough(!strcmp(argv[1], "count"));
 		if (!strcmp(argv[1], "threshold"))
 			return mode_threshold();
+		if (!strcmp(argv[1], "trace") && argc > 2)
+			return mode_trace(argv[2]);
 		fprintf(stderr, "unknown mode %s\n", argv[1]);
 		return 2;
 	}
 	return emm_test_run(test_xla_pattern_served_from_cache, test_sleep_pattern_gives_memory_back,
 	                    test_shared_and_partial_pass_through, test_fence_holds_freed_buffer,
-	                    test_idle_is_free_memory, test_threads, test_fork_and_exit_with_live_mappings, NULL);
+	                    test_idle_is_free_memory, test_threads, test_lookups_substituted, test_free_orders,
+	                    test_fork_and_exit_with_live_mappings, NULL);
 }
