@@ -71,6 +71,12 @@ static const char *const free_mode_names[] = {
 	[EMM_OPT_FREE_STREAM] = "stream",
 };
 
+static const char *const vmm_names[] = {
+	[EMM_OPT_VMM_CACHE] = "cache",
+	[EMM_OPT_VMM_COUNT] = "count",
+	[EMM_OPT_VMM_OFF] = "off",
+};
+
 #define MIB ((size_t)1 << 20)
 
 /* Column helpers for the table below. */
@@ -144,7 +150,10 @@ static const char *const free_mode_names[] = {
 	  "Small-pool arenas per heap that threads spread over (0: one per CPU, at most 8)")          \
 	X(TEARDOWN_WAIT, teardown_wait, UINT, U(2000), "ms", RANGE(0, 600000),                        \
 	  "How long a context teardown waits for threads still inside libemm; past it their heaps "   \
-	  "are left to them, not freed")
+	  "are left to them, not freed")                                                              \
+	X(VMM, vmm, ENUM, U(EMM_OPT_VMM_CACHE), "", NAMES(vmm_names),                                 \
+	  "VMM calls (cuMemCreate, cuMemMap, ...): cache (whole freed buffers kept mapped for the "   \
+	  "next matching allocation), count (passed through, counted), off (passed through)")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

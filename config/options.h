@@ -27,6 +27,12 @@ enum emm_opt_free_mode {
 	EMM_OPT_FREE_STREAM,
 };
 
+enum emm_opt_vmm {
+	EMM_OPT_VMM_CACHE,
+	EMM_OPT_VMM_COUNT,
+	EMM_OPT_VMM_OFF,
+};
+
 enum emm_option_source {
 	EMM_OPTION_DEFAULT, /* the table's default */
 	EMM_OPTION_ENV,	    /* set from the environment */
@@ -57,6 +63,7 @@ struct emm_options {
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
 	unsigned arenas;	   /* EMM_ARENAS: small-pool arenas per heap (0: one per CPU, <= 8) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
+	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
 };
 
 /* Row ids, in table order. */
@@ -83,6 +90,7 @@ enum emm_option_id {
 	EMM_OPT_RUNTIME_SHIMS,
 	EMM_OPT_ARENAS,
 	EMM_OPT_TEARDOWN_WAIT,
+	EMM_OPT_VMM,
 	EMM_OPT__COUNT
 };
 

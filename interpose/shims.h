@@ -11,6 +11,9 @@
  *   shims_query.c    memory info, address ranges, pointer attributes, IPC
  *   shims_stream.c   streams, stream capture, context lifecycle
  *   shims_graph.c    graph objects (what a captured graph may still run)
+ *   shims_vmm.c      virtual memory: reserve, create, map, set access and
+ *                    their frees (a whole freed buffer is cached), queries
+ *   shims_pool.c     explicit memory pools (passed through, counted)
  *   shims_runtime.c  shared cudart's allocation calls (the fast path)
  *   public_api.c     include/emm/emm.h
  *   resolve.c        dlsym, cuGetProcAddress*, cudaGetDriverEntryPoint*
@@ -55,6 +58,8 @@
  * the including program itself is built for per-thread default streams. */
 CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUstream hStream);
 CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream);
+CUresult CUDAAPI cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t bytesize, CUmemoryPool pool,
+                                              CUstream hStream);
 CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode);
 CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
                                                   const CUgraphNode *dependencies,

@@ -19,7 +19,13 @@
 
 EMM_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t *free, size_t *total)
 {
-	CUresult r = CALL_REAL(cuMemGetInfo_v2, free, total);
+	CUresult r;
+
+	/* Unmapped and released but not yet made real (a program giving VMM
+	 * memory back, then asking what is free): make it real first. */
+	if (emm_vmm_mode() == EMM_VMM_MODE_CACHE)
+		emm_vmm_flush_pending();
+	r = CALL_REAL(cuMemGetInfo_v2, free, total);
 
 	/* Programs size their batches from this: memory libemm holds idle is
 	 * free to them (EMM_MEMINFO_CACHED, on by default). */

@@ -26,7 +26,9 @@
  *
  * Pass-through only (the driver shims account them): cudaMallocPitch (the
  * pitch is the device's), cudaMallocManaged, cudaHostRegister,
- * cudaHostUnregister, cudaMemGetInfo.
+ * cudaHostUnregister, cudaMemGetInfo. cudaMallocFromPoolAsync (the program's
+ * own pool) is passed through and counted here, once: its driver call
+ * under it is not counted again.
  */
 #include <cuda.h>
 #include <cuda_runtime_api.h>
@@ -41,6 +43,7 @@
  * only under --default-stream per-thread. */
 cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStream);
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
 
 #define RUNTIME_MISSING cudaErrorInitializationError
 
@@ -59,6 +62,7 @@ typedef cudaError_t (*malloc_pitch_fn)(void **, size_t *, size_t, size_t);
 typedef cudaError_t (*host_alloc_fn)(void **, size_t, unsigned int);
 typedef cudaError_t (*host_register_fn)(void *, size_t, unsigned int);
 typedef cudaError_t (*mem_get_info_fn)(size_t *, size_t *);
+typedef cudaError_t (*malloc_from_pool_fn)(void **, size_t, cudaMemPool_t, cudaStream_t);
 
 /* cudaHostAlloc flags the pinned heaps know (they equal cuMemHostAlloc's). */
 #define HOST_ALLOC_FLAGS (cudaHostAllocPortable | cudaHostAllocMapped | cudaHostAllocWriteCombined)
@@ -183,6 +187,34 @@ EMM_EXPORT cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream)
 	if (free_async_fast(devPtr, hStream, true))
 		return cudaSuccess;
 	DELEGATE(free_async_fn, "cudaFreeAsync_ptsz", devPtr, hStream);
+}
+
+/* The program's own pool: the real runtime serves it; counted once. */
+static cudaError_t malloc_from_pool(const char *name, void **ptr, size_t size, cudaMemPool_t memPool,
+                                    cudaStream_t stream)
+{
+	malloc_from_pool_fn real = (malloc_from_pool_fn)emm_real_runtime(name);
+	cudaError_t r;
+
+	if (!real)
+		return RUNTIME_MISSING;
+	emm_vmm_runtime_pool_enter();
+	r = real(ptr, size, memPool, stream);
+	emm_vmm_runtime_pool_leave();
+	if (r == cudaSuccess && ptr && emm_state_enabled())
+		emm_vmm_count_pool(EMM_POOL_ALLOC, (CUdeviceptr)(uintptr_t)*ptr, size, stream);
+	return r;
+}
+
+EMM_EXPORT cudaError_t cudaMallocFromPoolAsync(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream)
+{
+	return malloc_from_pool("cudaMallocFromPoolAsync", ptr, size, memPool, stream);
+}
+
+EMM_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool,
+                                                    cudaStream_t stream)
+{
+	return malloc_from_pool("cudaMallocFromPoolAsync_ptsz", ptr, size, memPool, stream);
 }
 
 EMM_EXPORT cudaError_t cudaMallocPitch(void **devPtr, size_t *pitch, size_t width, size_t height)

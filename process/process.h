@@ -11,7 +11,9 @@
  *   - stream keys and the live-stream registry (streams.c), capture tracking
  *     (capture.c) and the graph quarantine (quarantine.c), the fence ops over real CUDA
  *     events (fence_cuda.c);
- *   - counters and statistics (stats.c, stats_print.c).
+ *   - counters and statistics (stats.c, stats_print.c);
+ *   - the VMM calls' cache of whole freed buffers (vmm.c, vmm_table.c,
+ *     vmm_idle.c).
  * Files inside process/ share process_internal.h as well; nothing outside
  * includes that.
  *
@@ -27,6 +29,8 @@
  *   stream_lock  - the stream registry (rwlock); a leaf.
  *   capture_lock - captures, graph objects, the graph quarantine; a leaf.
  *   pool->lock   - a context's free CUDA events; a leaf.
+ *   vmm_lock     - the VMM cache (vmm.c, vmm_table.c, vmm_idle.c); a leaf,
+ *                  and the fence ops run outside it.
  */
 #ifndef EMM_PROCESS_PROCESS_H
 #define EMM_PROCESS_PROCESS_H
@@ -129,6 +133,33 @@ struct emm_real_driver_table {
 
 /* The table; NULL if libcuda.so.1 cannot be found. */
 const struct emm_real_driver_table *emm_real_driver_table(void);
+
+/* The virtual-memory (VMM) and explicit-pool calls (vmm.c and the shims of
+ * interpose/shims_vmm.c, shims_pool.c); members NULL without the driver or
+ * the export. Never NULL. */
+struct emm_real_vmm_table {
+	CUresult (*cuMemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+	                        unsigned long long);
+	CUresult (*cuMemRelease)(CUmemGenericAllocationHandle);
+	CUresult (*cuMemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+	CUresult (*cuMemAddressFree)(CUdeviceptr, size_t);
+	CUresult (*cuMemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+	CUresult (*cuMemUnmap)(CUdeviceptr, size_t);
+	CUresult (*cuMemSetAccess)(CUdeviceptr, size_t, const CUmemAccessDesc *, size_t);
+	CUresult (*cuMemGetAccess)(unsigned long long *, const CUmemLocation *, CUdeviceptr);
+	CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle *, void *);
+	CUresult (*cuMemGetAllocationPropertiesFromHandle)(CUmemAllocationProp *, CUmemGenericAllocationHandle);
+	CUresult (*cuMemExportToShareableHandle)(void *, CUmemGenericAllocationHandle, CUmemAllocationHandleType,
+	                                         unsigned long long);
+	CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle *, void *,
+	                                           CUmemAllocationHandleType);
+	CUresult (*cuMemPoolCreate)(CUmemoryPool *, const CUmemPoolProps *);
+	CUresult (*cuMemPoolDestroy)(CUmemoryPool);
+	/* the exports cuMemAllocFromPoolAsync and cuMemAllocFromPoolAsync_ptsz */
+	CUresult (*alloc_from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+	CUresult (*alloc_from_pool_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+};
+const struct emm_real_vmm_table *emm_real_vmm(void);
 
 /* === process state (state.c, contexts.c) ================================= */
 
@@ -428,6 +459,67 @@ void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const 
 /* The live block containing `addr`: 0 and *ret_range; -ENXIO inside one of
  * libemm's segments but in no live block; -ENOENT not libemm's memory. */
 int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
+
+/* === the VMM calls and their cache (vmm.c, vmm_idle.c) ===================== */
+
+/*
+ * Each VMM shim asks the process layer first and then, unless it was
+ * served, calls the driver and reports what the driver did:
+ *   emm_vmm_X(args)          1: served by the cache (the shim returns
+ *                            CUDA_SUCCESS and, for reserve and create, the
+ *                            value written to *ret); 0: call the driver (any
+ *                            deferred operation on what the call touches is
+ *                            made real first, so the driver sees what it
+ *                            would have seen without libemm).
+ *   emm_vmm_X_done(..., ok)  after the driver's call (ok: it succeeded).
+ * In EMM_VMM=count mode the first always answers 0 and the second counts
+ * and traces; in EMM_VMM=off neither does anything. vmm.c documents the
+ * state machine.
+ */
+enum emm_vmm_mode_value { EMM_VMM_MODE_OFF, EMM_VMM_MODE_COUNT, EMM_VMM_MODE_CACHE };
+/* The mode (OFF when libemm is disabled). */
+enum emm_vmm_mode_value emm_vmm_mode(void);
+
+int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long long flags, CUdeviceptr *ret_va);
+void emm_vmm_reserve_done(CUdeviceptr va, size_t size, CUdeviceptr addr, unsigned long long flags, bool ok);
+int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long long flags,
+                   CUmemGenericAllocationHandle *ret_handle);
+void emm_vmm_create_done(CUmemGenericAllocationHandle handle, size_t size, const CUmemAllocationProp *prop,
+                         unsigned long long flags, bool ok);
+int emm_vmm_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                unsigned long long flags);
+void emm_vmm_map_done(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                      unsigned long long flags, bool ok);
+int emm_vmm_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count);
+void emm_vmm_set_access_done(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count, bool ok);
+int emm_vmm_unmap(CUdeviceptr va, size_t size);
+void emm_vmm_unmap_done(CUdeviceptr va, size_t size, bool ok);
+int emm_vmm_release(CUmemGenericAllocationHandle handle);
+void emm_vmm_release_done(CUmemGenericAllocationHandle handle, bool ok);
+int emm_vmm_address_free(CUdeviceptr va, size_t size);
+void emm_vmm_address_free_done(CUdeviceptr va, size_t size, bool ok);
+/* A call that names a range (va, size; size 0: the one address va) and/or
+ * a handle (has_handle) and is always the driver's: make real whatever
+ * deferred state it could observe. `pin`: the call makes the handle
+ * shareable or adds a reference the cache cannot follow (export, retain),
+ * so the allocation behind it is never cached. */
+void emm_vmm_touch(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAllocationHandle handle, bool pin);
+/* A handle the driver returned from an import: never cached. */
+void emm_vmm_imported(CUmemGenericAllocationHandle handle);
+/* cuMemCreate ran out of memory: give back idle VMM memory of every
+ * device; true when something was released (retry once). */
+bool emm_vmm_oom_release(void);
+/* cuMemGetInfo: make every pending deferral real now. */
+void emm_vmm_flush_pending(void);
+
+/* Explicit pools, passed through and counted (cuMemAllocFromPoolAsync,
+ * cuMemPoolCreate/Destroy, cudaMallocFromPoolAsync). */
+enum emm_pool_event { EMM_POOL_ALLOC, EMM_POOL_CREATE, EMM_POOL_DESTROY };
+void emm_vmm_count_pool(enum emm_pool_event what, CUdeviceptr ptr, size_t size, const void *stream);
+/* Set around cudaMallocFromPoolAsync's delegation, so that the driver
+ * shim under it does not count the allocation a second time. */
+void emm_vmm_runtime_pool_enter(void);
+void emm_vmm_runtime_pool_leave(void);
 
 /* emm_stats_get's answer: flush the trace, then the counters of `device`
  * into *out, as much of them as out->struct_size (>= 8) holds

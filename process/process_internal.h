@@ -281,6 +281,22 @@ int st_publish_heap(emm_heap_t *heap, CUcontext ctx, void (*publish_locked)(void
 void st_stream_remove_context(CUcontext ctx);
 void st_streams_fork_child(void);
 
+/* The keys of the live non-blocking streams of ctx: how many there are
+ * (only the first `cap` are written). */
+size_t st_stream_nonblocking_keys(CUcontext ctx, emm_stream_t *keys, size_t cap);
+
+/* --- vmm.c, vmm_idle.c: the VMM cache ------------------------------------ */
+
+/* Idle cached VMM bytes of `device` (-1 all). */
+size_t st_vmm_idle_bytes(int device);
+/* Make pending deferrals real and give idle VMM memory of `device` (-1
+ * all) back; the bytes released. */
+size_t st_vmm_release_idle(int device);
+/* The VMM counters of `device` (-1 all, -2 none) added into *out. */
+void st_vmm_add_stats(int device, struct emm_stats *out);
+void st_vmm_fork_prepare(void);
+void st_vmm_fork_child(void);
+
 /* --- stats.c ------------------------------------------------------------- */
 
 /* A heap is about to be destroyed: keep its counters for EMM_STATS.

@@ -4,7 +4,8 @@
  * its shims: glibc's dlsym (found with dlvsym, because our own exported dlsym
  * shadows it), the libcuda.so.1 handle, the driver's exports by exact name
  * (cached, no malloc), the typed table of hot driver functions, and the next
- * definition of a runtime function (shared libcudart's cudaMalloc).
+ * definition of a runtime function (shared libcudart's cudaMalloc), and the
+ * typed table of the virtual-memory and explicit-pool calls (vmm.c).
  *
  * Every lookup here uses the real dlsym on an explicit handle or on
  * RTLD_NEXT evaluated from inside libemm, so it can never return one of
@@ -327,6 +328,47 @@ const struct emm_real_driver_table *emm_real_driver_table(void)
 		return t;
 	pthread_once(&driver_table_once, driver_table_init);
 	return __atomic_load_n(&driver_table_ptr, __ATOMIC_ACQUIRE);
+}
+
+/* --- the virtual-memory calls --------------------------------------------- */
+
+static struct emm_real_vmm_table vmm_table;
+static pthread_once_t vmm_table_once = PTHREAD_ONCE_INIT;
+
+#define LOAD_VMM(member) (*(void **)&vmm_table.member = emm_real_driver(#member))
+
+static void vmm_table_init(void)
+{
+	if (!emm_real_libcuda_handle())
+		return;
+	LOAD_VMM(cuMemCreate);
+	LOAD_VMM(cuMemRelease);
+	LOAD_VMM(cuMemAddressReserve);
+	LOAD_VMM(cuMemAddressFree);
+	LOAD_VMM(cuMemMap);
+	LOAD_VMM(cuMemUnmap);
+	LOAD_VMM(cuMemSetAccess);
+	LOAD_VMM(cuMemGetAccess);
+	LOAD_VMM(cuMemRetainAllocationHandle);
+	LOAD_VMM(cuMemGetAllocationPropertiesFromHandle);
+	LOAD_VMM(cuMemExportToShareableHandle);
+	LOAD_VMM(cuMemImportFromShareableHandle);
+	LOAD_VMM(cuMemPoolCreate);
+	LOAD_VMM(cuMemPoolDestroy);
+	/* cuda.h renames cuMemAllocFromPoolAsync for per-thread builds only;
+	 * both exports are named explicitly. */
+	*(void **)&vmm_table.alloc_from_pool = emm_real_driver("cuMemAllocFromPoolAsync");
+	*(void **)&vmm_table.alloc_from_pool_ptsz = emm_real_driver("cuMemAllocFromPoolAsync_ptsz");
+}
+
+#undef LOAD_VMM
+
+const struct emm_real_vmm_table *emm_real_vmm(void)
+{
+	/* Without a driver the table stays all NULL; the shims then answer
+	 * CUDA_ERROR_NOT_INITIALIZED, as for every other call. */
+	pthread_once(&vmm_table_once, vmm_table_init);
+	return &vmm_table;
 }
 
 /* --- the runtime ---------------------------------------------------------- */

@@ -58,6 +58,13 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 	else
 		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
 	st_tls_in_backend = false;
+	/* Idle VMM buffers hold device memory too: give them back and try
+	 * once more. */
+	if (ret == -ENOMEM && !host && emm_vmm_oom_release()) {
+		st_tls_in_backend = true;
+		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
+		st_tls_in_backend = false;
+	}
 	return ret;
 }
 

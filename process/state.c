@@ -292,6 +292,7 @@ static void fork_child(void)
 	emm_ptrmap_reset();
 	st_guard_fork_child();
 	emm_fence_fork_child();
+	st_vmm_fork_child();
 	if (emm_trace_enabled())
 		emm_trace_fork_child();
 }
@@ -299,7 +300,7 @@ static void fork_child(void)
 __attribute__((constructor)) static void state_constructor(void)
 {
 	/* Nothing heavy here: initialisation waits for the first shim call. */
-	(void)pthread_atfork(NULL, NULL, fork_child);
+	(void)pthread_atfork(st_vmm_fork_prepare, NULL, fork_child);
 }
 
 void st_atexit_again(void)

@@ -138,12 +138,17 @@ void emm_state_for_each_heap(void (*fn)(emm_heap_t *heap, int device, void *arg)
 
 size_t emm_state_idle_bytes_current_device(void)
 {
+	const struct emm_real_driver_table *real = st_real_table();
 	struct ctx_entry *e;
 	struct heap_ref *refs;
 	size_t n, total = 0;
+	CUdevice dev;
 
+	/* A program that allocates only through the VMM calls has no heap. */
+	if (real->cuCtxGetDevice && real->cuCtxGetDevice(&dev) == CUDA_SUCCESS)
+		total = st_vmm_idle_bytes(dev);
 	if (st_current_entry(&e, false) < 0)
-		return 0;
+		return total;
 	pthread_rwlock_rdlock(&st_heap_life_lock);
 	st_lock(&st_ctx_lock);
 	refs = st_snapshot_locked(&n);
@@ -227,6 +232,7 @@ void emm_state_collect_stats(int device, struct emm_stats *out)
 	}
 	pthread_rwlock_unlock(&st_heap_life_lock);
 	emm_state_add_counter_stats(device, out);
+	st_vmm_add_stats(device, out);
 }
 
 void emm_state_report_oom(emm_heap_t *heap, size_t size)

@@ -19,6 +19,7 @@
 #include "emm/emm_version.h"
 #include "allocator/trace.h"
 #include "process/process.h"
+#include "process/process_internal.h"
 
 void emm_state_stats_snapshot(int device, struct emm_stats *out)
 {
@@ -70,6 +71,7 @@ int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_release
 	/* Each heap's context is made current around the release: segments
 	 * go back through the driver and fences may be recorded. */
 	emm_state_for_each_heap(release_one, &a, true);
+	a.released += (long long)st_vmm_release_idle(device);
 	if (a.released == 0 && a.error)
 		return a.error;
 	*ret_released = a.released;
@@ -178,6 +180,20 @@ void emm_stats_print_exit(void)
 		         ", allocations in stream capture %" PRIu64 ", IPC exports refused %" PRIu64,
 		         c[EMM_COUNT_HOST_REGISTER], c[EMM_COUNT_HOST_UNREGISTER], c[EMM_COUNT_MANAGED_ALLOC],
 		         c[EMM_COUNT_CAPTURE_ALLOC], c[EMM_COUNT_IPC_REFUSED]);
+	if (s.vmm_allocs || s.vmm_frees || s.pool_allocs || s.pool_creates) {
+		char hit_bytes[32], idle[32];
+
+		emm_info("VMM: %" PRIu64 " allocations (%" PRIu64 " from the cache, %.1f%%, %s; %" PRIu64
+		         " by the driver), %" PRIu64 " frees, %s idle, %" PRIu64 " deferrals made real, %" PRIu64
+		         " idle buffers given back",
+		         s.vmm_allocs, s.vmm_hits, s.vmm_allocs ? 100.0 * (double)s.vmm_hits / (double)s.vmm_allocs : 0.0,
+		         human(s.vmm_hit_bytes_total, hit_bytes, sizeof(hit_bytes)), s.vmm_misses, s.vmm_frees,
+		         human(s.vmm_idle_bytes, idle, sizeof(idle)), s.vmm_materializations, s.vmm_idle_released);
+		if (s.pool_allocs || s.pool_creates || s.pool_destroys)
+			emm_info("explicit pools (passed through): %" PRIu64 " allocations, %" PRIu64
+			         " pools created, %" PRIu64 " destroyed",
+			         s.pool_allocs, s.pool_creates, s.pool_destroys);
+	}
 	{
 		uint64_t quarantined = 0, released = 0;
 		size_t held = 0;

@@ -254,6 +254,22 @@ int st_publish_heap(emm_heap_t *heap, CUcontext ctx, void (*publish_locked)(void
 	return 0;
 }
 
+size_t st_stream_nonblocking_keys(CUcontext ctx, emm_stream_t *keys, size_t cap)
+{
+	size_t n = 0;
+
+	st_rdlock(&stream_lock);
+	for (unsigned b = 0; b < STREAM_BUCKETS; b++)
+		for (struct stream_node *s = stream_buckets[b]; s; s = s->next)
+			if (s->ctx == ctx && s->nonblocking) {
+				if (n < cap)
+					keys[n] = s->key;
+				n++;
+			}
+	st_rwunlock(&stream_lock);
+	return n;
+}
+
 void st_streams_fork_child(void)
 {
 	pthread_rwlock_init(&stream_lock, NULL);

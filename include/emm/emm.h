@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define EMM_STATS_VERSION 2
+#define EMM_STATS_VERSION 3
 
 /* One scope's counters (a device, or the whole process with device -1). */
 struct emm_stats {
@@ -74,6 +74,19 @@ struct emm_stats {
 	uint64_t unmapped_bytes;	/* segment address space with no memory behind it now */
 	uint64_t segment_grows;		/* segments extended in place */
 	uint64_t grown_bytes_total;	/* bytes they grew by */
+
+	/* version 3: the VMM calls (cuMemCreate, cuMemMap, ...) and explicit pools */
+	uint64_t vmm_allocs;		/* cuMemCreate handles given to the program */
+	uint64_t vmm_hits;		/* ... of which from the VMM cache (no driver call) */
+	uint64_t vmm_misses;		/* ... of which made by the driver */
+	uint64_t vmm_frees;		/* cuMemRelease of the program's handles */
+	uint64_t vmm_hit_bytes_total;	/* bytes served from the VMM cache */
+	uint64_t vmm_idle_bytes;	/* freed VMM buffers kept mapped for reuse, now */
+	uint64_t vmm_materializations;	/* deferred VMM frees made real for the program */
+	uint64_t vmm_idle_released;	/* idle VMM buffers given back to the driver */
+	uint64_t pool_allocs;		/* cuMemAllocFromPoolAsync, cudaMallocFromPoolAsync (driver) */
+	uint64_t pool_creates;		/* cuMemPoolCreate */
+	uint64_t pool_destroys;		/* cuMemPoolDestroy */
 };
 
 /* libemm's version string, e.g. "0.1.0". */

@@ -96,7 +96,7 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->oom_retry == b->oom_retry && a->free_mode == b->free_mode && a->epoch_blocks == b->epoch_blocks &&
 	       a->epoch_bytes == b->epoch_bytes && a->meminfo_cached == b->meminfo_cached &&
 	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas &&
-	       a->teardown_wait == b->teardown_wait;
+	       a->teardown_wait == b->teardown_wait && a->vmm == b->vmm;
 }
 
 /* ------------------------------------------------------------------------
@@ -127,6 +127,7 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_true(o->meminfo_cached);
 	expect_true(o->pinned);
 	expect_true(o->runtime_shims);
+	expect_int_eq(o->vmm, EMM_OPT_VMM_CACHE);
 }
 
 TEST_BEGIN(test_defaults_when_unset)
@@ -178,6 +179,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_RUNTIME_SHIMS=NO",
 		"EMM_ARENAS=4",
 		"EMM_TEARDOWN_WAIT=250",
+		"EMM_VMM=Count",
 		NULL,
 	};
 	struct parsed p;
@@ -209,6 +211,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.pinned);
 	expect_false(p.o.runtime_shims);
 	expect_int_eq(p.o.arenas, 4);
+	expect_int_eq(p.o.vmm, EMM_OPT_VMM_COUNT);
 	for (int i = 0; i < EMM_OPT__COUNT; i++)
 		expect_int_eq(p.src[i], EMM_OPTION_ENV);
 }
@@ -223,7 +226,7 @@ TEST_BEGIN(test_option_names)
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",	 "TEARDOWN_WAIT",
+		"ARENAS",	 "TEARDOWN_WAIT", "VMM",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 
@@ -479,6 +482,7 @@ TEST_END
 TEST_BEGIN(test_invalid_enum)
 {
 	EXPECT_INVALID(EMM_OPT_FREE_MODE, "", "fast", "fenc", "fences", "fence,strict", " fence", "0", "1", "default");
+	EXPECT_INVALID(EMM_OPT_VMM, "", "on", "1", "caches", "cache,count", "none");
 }
 TEST_END
 
@@ -618,6 +622,11 @@ TEST_BEGIN(test_uint_and_enum_forms_in_env)
 	}
 	parse1(&p, "EMM_FREE_MODE=STRICT");
 	expect_int_eq(p.o.free_mode, EMM_OPT_FREE_STRICT);
+	parse1(&p, "EMM_VMM=off");
+	expect_int_eq(p.lines, 0);
+	expect_int_eq(p.o.vmm, EMM_OPT_VMM_OFF);
+	parse1(&p, "EMM_VMM=cache");
+	expect_int_eq(p.o.vmm, EMM_OPT_VMM_CACHE);
 	parse1(&p, "EMM_EPOCH_BLOCKS=1");
 	expect_int_eq(p.lines, 0);
 	expect_int_eq(p.o.epoch_blocks, 1);

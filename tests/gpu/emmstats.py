@@ -40,8 +40,12 @@ U64_FIELDS = (
     "requested_bytes", "requested_bytes_peak", "requested_bytes_total",
     "reserved_bytes", "reserved_bytes_peak", "reserved_bytes_total",
     "pending_bytes", "segments", "live_blocks",
+    # version 2
     "page_unmaps", "page_maps", "unmapped_bytes_total", "remapped_bytes_total", "unmapped_bytes",
     "segment_grows", "grown_bytes_total",
+    # version 3
+    "vmm_allocs", "vmm_hits", "vmm_misses", "vmm_frees", "vmm_hit_bytes_total", "vmm_idle_bytes",
+    "vmm_materializations", "vmm_idle_released", "pool_allocs", "pool_creates", "pool_destroys",
 )
 
 
