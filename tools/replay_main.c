@@ -137,6 +137,11 @@ static int setting_parse(const char *text, struct setting *s, char *buf, size_t 
 			}
 			if (strncmp(tok, "EMM_", 4) != 0 || !eq ||
 			    (ids[n] = option_id(tok + 4, (size_t)(eq - tok - 4))) < 0) {
+				char *alone[2] = {tok, NULL};
+				struct emm_options ignored;
+
+				/* config/ names the option meant, when one is close. */
+				emm_options_parse(alone, &ignored, NULL);
 				fprintf(stderr, "emm-replay: error: '%s' is not a known EMM_NAME=value setting "
 						"(emm-options lists them)\n",
 					tok);
