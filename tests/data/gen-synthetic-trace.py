@@ -93,7 +93,7 @@ def main():
     grads, adam = [], []
 
     for step in range(args.steps):
-        tr.tick(random.randint(2000, 9000))
+        tr.tick(random.randint(40000, 120000))  # data loading, logging: a gap between steps
         seq = random.choice([96, 128, 160, 200, 256, 320, 384, 448, 512])
         tokens = batch * seq
         # The loader prepares the batch on the copy stream.
@@ -106,6 +106,7 @@ def main():
         # Forward: saved activations, and temporaries freed at once.
         saved = [tr.alloc(THREAD_MAIN, tokens * h * f32, COMPUTE)]
         for _ in range(args.layers):
+            tr.tick(random.randint(1500, 4000))  # the layer's kernels run
             qkv = tr.alloc(THREAD_MAIN, tokens * 3 * h * f32, COMPUTE)
             scores = tr.alloc(THREAD_MAIN, batch * 8 * seq * seq * f32, COMPUTE)
             tmp = tr.alloc(THREAD_MAIN, batch * 8 * seq * f32, COMPUTE)
@@ -128,6 +129,7 @@ def main():
         tr.free(THREAD_BACKWARD, labels, COMPUTE)
         grad_at = {}
         for i in reversed(range(len(params))):
+            tr.tick(random.randint(200, 900))
             grad_at[i] = tr.alloc(THREAD_BACKWARD, params[i][1], COMPUTE)
             if i % 12 == 1 and saved:
                 for _ in range(min(6, len(saved))):
@@ -146,6 +148,7 @@ def main():
         if not adam:
             adam = [tr.alloc(THREAD_MAIN, p[1], SYNC) for p in params for _ in range(2)]
         for chunk in range(0, len(params), 8):
+            tr.tick(random.randint(300, 1200))
             tmp = [tr.alloc(THREAD_MAIN, p[1], COMPUTE) for p in params[chunk:chunk + 8]]
             for t in tmp:
                 tr.free(THREAD_MAIN, t, COMPUTE)
