@@ -177,6 +177,27 @@ static int setting_parse(const char *text, struct setting *s, char *buf, size_t 
 	return 0;
 }
 
+/* libemm does not yet refuse segment sizes larger than the device at
+ * start-up; say what that means for this replay. */
+static void warn_segments(const struct replay_setup *s)
+{
+	char a[32], b[32];
+
+	if (!s->capacity)
+		return;
+	if (s->params.large_segment > s->capacity)
+		fprintf(stderr,
+			"emm-replay: note: EMM_LARGE_SEGMENT (%s) is larger than the simulated device (%s): "
+			"requests from EMM_SMALL_SIZE up to half of it cannot be served (set a smaller "
+			"EMM_LARGE_SEGMENT)\n",
+			replay_format_size(s->params.large_segment, a, sizeof(a)),
+			replay_format_size(s->capacity, b, sizeof(b)));
+	else if (s->params.small_segment > s->capacity)
+		fprintf(stderr, "emm-replay: note: EMM_SMALL_SEGMENT (%s) is larger than the simulated device (%s)\n",
+			replay_format_size(s->params.small_segment, a, sizeof(a)),
+			replay_format_size(s->capacity, b, sizeof(b)));
+}
+
 static int run_or_report(struct replayer *rp, const struct replay_setup *setup, struct replay_result *res)
 {
 	char err[512];
@@ -198,6 +219,7 @@ static int compare(struct replayer *rp, struct setting *settings, size_t count, 
 		struct replay_result res;
 
 		settings[i].setup.capacity = capacity;
+		warn_segments(&settings[i].setup);
 		if (run_or_report(rp, &settings[i].setup, &res) < 0)
 			return 2;
 		replay_print_table_row(stdout, settings[i].label, t, &res);
@@ -406,6 +428,7 @@ int main(int argc, char **argv)
 	} else {
 		settings[0].setup.capacity = capacity;
 		settings[0].setup.timeline = timeline != NULL;
+		warn_segments(&settings[0].setup);
 		if (run_or_report(rp, &settings[0].setup, &res) < 0) {
 			status = 2;
 		} else {

@@ -86,5 +86,10 @@ if run 0 --help && has '^usage: emm-replay' && run 2 --frobnicate "$D/rmm-sample
 	ok "usage: --help, unknown option, no trace, bad size"
 else bad "usage"; fi
 
+# The bundled synthetic trace is what its generator writes.
+if python3 "$D/gen-synthetic-trace.py" -o "$tmp/synthetic.csv" && cmp -s "$tmp/synthetic.csv" "$D/synthetic-train.csv"; then
+	ok "tests/data/synthetic-train.csv is gen-synthetic-trace.py's output"
+else bad "synthetic-train.csv differs from gen-synthetic-trace.py's output (regenerate it)"; fi
+
 echo "$passed passed, $failed failed, 0 skipped"
 [ "$failed" -eq 0 ]
