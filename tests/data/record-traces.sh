@@ -29,7 +29,7 @@ max_bytes=$((2 * 1024 * 1024))
 recorded=0
 
 if [ ! -f "$build/build.ninja" ]; then
-	meson setup "$build" "$root" --buildtype=release || exit 1
+	meson setup "$build" "$root" --buildtype=release -Dtests=false -Dbench=false || exit 1
 fi
 ninja -C "$build" || exit 1
 lib="$build/libemm.so"
