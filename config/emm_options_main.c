@@ -3,7 +3,9 @@
  * config/emm_options_main.c - the emm-options tool: prints libemm's options
  * as the README's Markdown table (--markdown), or the settings the current
  * environment resolves to (no argument), one "emm: EMM_NAME = value (source)"
- * line each, on stdout. Warnings about the environment go to stderr.
+ * line each, on stdout. Warnings about the environment go to stderr, and
+ * an invalid value (one libemm would replace by its default) makes the exit
+ * status 1, so scripts and CI can check a setting before a long run.
  */
 #include <stdio.h>
 #include <string.h>
@@ -18,7 +20,8 @@ static int usage(FILE *out, int status)
 		"usage: emm-options [--markdown | --version | --help]\n"
 		"  (no argument)  print the EMM_* settings the current environment resolves to\n"
 		"  --markdown     print the option table as Markdown (the README's Options section)\n"
-		"  --version      print libemm's version\n");
+		"  --version      print libemm's version\n"
+		"Exit status: 0, 1 if an EMM_* variable has an invalid value (the default is used), 2 bad usage.\n");
 	return status;
 }
 
@@ -43,9 +46,15 @@ int main(int argc, char **argv)
 	/* Parse first, so warnings about the environment stay on stderr; then
 	 * the settings themselves go to stdout for scripts. */
 	const struct emm_options *opts = emm_options_get();
+	const enum emm_option_source *sources = emm_options_sources();
+	int status = 0;
+
 	fflush(stdout);
 	emm_log_set_fd(1);
-	emm_options_print(opts, emm_options_sources());
+	emm_options_print(opts, sources);
 	emm_log_set_fd(-1);
-	return 0;
+	for (int id = 0; id < EMM_OPT__COUNT; id++)
+		if (sources[id] == EMM_OPTION_INVALID)
+			status = 1;
+	return status;
 }

@@ -15,8 +15,9 @@
  * Device segments are charged against a simulated capacity
  * (EMM_BACKEND_OPTIONS="capacity=80G", the default; K/M/G/T suffixes, binary)
  * and fail with -ENOMEM past it; mem_info reports capacity minus what is in
- * use. The reservation is twice the capacity, so address-space fragmentation
- * does not fail an allocation the capacity allows. Pinned host segments come
+ * use. The reservation is twice the capacity (64 MiB at least, so small
+ * simulated devices work too), so address-space fragmentation does not fail
+ * an allocation the capacity allows. Pinned host segments come
  * from the same range and are not charged (host memory is not the device's).
  *
  * Standalone: the public backend header and libc, nothing of libemm's.
@@ -354,6 +355,10 @@ static int hostsim_reserve(struct hostsim *sim)
 	void *p = MAP_FAILED;
 
 	want = align_up(want, HOSTSIM_LARGE_ALIGN) + HOSTSIM_LARGE_ALIGN;
+	/* A small device (a 16 MiB capacity) still gets the smallest
+	 * reservation: the halving below never goes under it. */
+	if (want < HOSTSIM_MIN_RESERVE)
+		want = HOSTSIM_MIN_RESERVE;
 	for (; want >= HOSTSIM_MIN_RESERVE; want /= 2) {
 		if (want > SIZE_MAX)
 			continue;

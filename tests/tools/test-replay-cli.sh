@@ -1,0 +1,95 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+# tests/tools/test-replay-cli.sh EMM_REPLAY DATADIR - the emm-replay command
+# as a user meets it: the report on both bundled traces, a failure's
+# description and exit status, --min-capacity's answer checked by replaying
+# at it and one step below, --compare's table, --timeline, bad input.
+# Ends with "N passed, N failed, N skipped".
+R=$1
+D=$2
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/emm-replay-cli.XXXXXX") || exit 1
+trap 'rm -rf "$tmp"' EXIT
+passed=0 failed=0
+# EMM_* of the caller's environment would change the numbers.
+for v in $(env | sed -n 's/^\(EMM_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+
+ok() { passed=$((passed + 1)); echo "ok: $1"; }
+bad() { failed=$((failed + 1)); echo "FAILED: $1"; [ -f "$tmp/out" ] && sed 's/^/  | /' "$tmp/out"; }
+# run EXPECTED_STATUS ARGS...: output (stdout and stderr) in $tmp/out
+run() {
+	want=$1
+	shift
+	"$R" "$@" >"$tmp/out" 2>&1
+	rc=$?
+	[ "$rc" -eq "$want" ]
+}
+has() { grep -q -- "$1" "$tmp/out"; }
+
+if run 0 "$D/synthetic-train.csv" && has '^peak allocated ' && has '^peak reserved ' &&
+	has '^fragmentation ' && has '^backend calls ' && has '^ops/s ' && has '4 threads' &&
+	has '1 failed here too'; then
+	ok "synthetic trace replays, with every report line"
+else bad "synthetic trace report"; fi
+
+if run 0 --one-thread "$D/rmm-sample.csv" && has 'untraced frees   2 ' && has '2 threads, 2 streams' &&
+	has '1 failed here too, 0 succeeded'; then
+	ok "RMM sample: (nil), hex streams, untraced frees"
+else bad "RMM sample"; fi
+
+if run 0 --capacity 128G "$D/rmm-sample.csv" && has '1 succeeded here'; then
+	ok "a traced failure that succeeds on a bigger device is counted"
+else bad "unexpected success"; fi
+
+if run 1 --capacity 16M "$D/synthetic-train.csv" &&
+	grep -q '^emm-replay: FAILED at line [0-9]* (event [0-9]* of [0-9]*): thread [0-9]*, allocate of [0-9]* B: out of memory' "$tmp/out" &&
+	has 'live as asked' && has 'reserved, largest free block'; then
+	ok "failure: exit 1 with line, thread, size, live and reserved bytes"
+else bad "failure report"; fi
+
+# --min-capacity: the answer must replay and one step below must not.
+if run 0 --min-capacity --step 1M "$D/rmm-sample.csv" && has '^check            replays at' &&
+	has '^check            fails at'; then
+	min=$(sed -n 's/^minimum capacity \([0-9]*\) MiB.*/\1/p' "$tmp/out")
+	if [ -n "$min" ] && run 0 --capacity "${min}M" "$D/rmm-sample.csv" &&
+		run 1 --capacity "$((min - 1))M" "$D/rmm-sample.csv"; then
+		ok "--min-capacity: ${min} MiB replays, $((min - 1)) MiB does not"
+	else bad "--min-capacity answer ${min:-none} does not check out"; fi
+else bad "--min-capacity"; fi
+
+if run 0 --compare default 'EMM_ARENAS=1' 'EMM_LARGE_SEGMENT=40M EMM_SMALL_SEGMENT=4M' "$D/synthetic-train.csv" &&
+	has '^| setting | peak allocated | peak reserved | fragmentation at peak | backend allocs | backend frees | ops/s | result |$' &&
+	[ "$(grep -c '^| `' "$tmp/out")" -eq 3 ] && has '^| `EMM_ARENAS=1` | .* | ok |$'; then
+	ok "--compare prints one Markdown table, a row per setting"
+else bad "--compare"; fi
+
+if run 2 --compare 'EMM_ARENAS=100' "$D/rmm-sample.csv" && has 'EMM_ARENAS=100'; then
+	ok "--compare refuses an invalid value"
+else bad "--compare invalid value"; fi
+
+if run 2 --compare 'EMM_ARENA=1' "$D/rmm-sample.csv" && has 'did you mean EMM_ARENAS'; then
+	ok "--compare refuses an unknown name and suggests the near one"
+else bad "--compare unknown name"; fi
+
+if run 0 --timeline "$tmp/tl.csv" "$D/rmm-sample.csv" &&
+	[ "$(head -1 "$tmp/tl.csv")" = "Line,Time,Thread,Action,Size,Requested,Allocated,Reserved" ] &&
+	[ "$(wc -l <"$tmp/tl.csv")" -eq 26 ]; then
+	ok "--timeline writes one row per event"
+else bad "--timeline"; fi
+
+printf 'Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1000,512,0x0\n1,1.1,allocate,0x2000\n' >"$tmp/bad.csv"
+if run 2 "$tmp/bad.csv" && has "bad.csv:3: expected 6 comma-separated columns"; then
+	ok "a malformed line is named by file and line"
+else bad "malformed trace"; fi
+
+if run 0 --help && has '^usage: emm-replay' && run 2 --frobnicate "$D/rmm-sample.csv" && has "unknown option '--frobnicate'" &&
+	run 2 && has '^usage:' && run 2 --capacity 12Q "$D/rmm-sample.csv" && has 'wants a size'; then
+	ok "usage: --help, unknown option, no trace, bad size"
+else bad "usage"; fi
+
+# The bundled synthetic trace is what its generator writes.
+if python3 "$D/gen-synthetic-trace.py" -o "$tmp/synthetic.csv" && cmp -s "$tmp/synthetic.csv" "$D/synthetic-train.csv"; then
+	ok "tests/data/synthetic-train.csv is gen-synthetic-trace.py's output"
+else bad "synthetic-train.csv differs from gen-synthetic-trace.py's output (regenerate it)"; fi
+
+echo "$passed passed, $failed failed, 0 skipped"
+[ "$failed" -eq 0 ]
