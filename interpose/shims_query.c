@@ -121,22 +121,34 @@ EMM_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdevicep
 	 * segment opens at its own bytes and shows nobody else's. Any other
 	 * block is refused rather than silently wrong. Pinned memory is the
 	 * driver's to refuse. */
+	bool found = false, no_ipc = false;
+
 	if (pHandle && emm_state_enabled()) {
 		emm_state_enter();
-		refuse = emm_serve_find_block(dptr, &range) == 0 && !emm_state_heap_is_pinned(range.heap) &&
-		         (range.base != range.segment_base || range.size != range.segment_size);
+		found = emm_serve_find_block(dptr, &range) == 0 && !emm_state_heap_is_pinned(range.heap);
 		emm_state_leave();
+		/* Segments of a backend that cannot share them (vmm, async,
+		 * managed) are refused clearly rather than with the driver's
+		 * puzzling answer about memory the program did not allocate. */
+		no_ipc = found && !emm_state_backend_can_ipc();
+		refuse = found && (no_ipc || range.base != range.segment_base || range.size != range.segment_size);
 	}
 	if (refuse) {
 		emm_state_count(EMM_COUNT_IPC_REFUSED);
-		if (!atomic_exchange(&warned, true))
-			emm_warn(
-			    "cuIpcGetMemHandle(%#llx): the block (%zu bytes at offset %llu) shares a "
-			    "libemm segment of %zu bytes; another process would open the whole segment, "
-			    "not this block, so libemm refuses (CUDA_ERROR_NOT_SUPPORTED). Run this "
-			    "program with EMM_DISABLE=1 to export it",
-			    (unsigned long long)dptr, range.size, (unsigned long long)(range.base - range.segment_base),
-			    range.segment_size);
+		if (!atomic_exchange(&warned, true)) {
+			if (no_ipc)
+				emm_warn("cuIpcGetMemHandle(%#llx): the %s backend's memory cannot be exported with "
+				         "cuIpcGetMemHandle, so libemm refuses (CUDA_ERROR_NOT_SUPPORTED). Run this "
+				         "program with EMM_BACKEND=driver or EMM_DISABLE=1 to export it",
+				         (unsigned long long)dptr, emm_state_backend_name());
+			else
+				emm_warn("cuIpcGetMemHandle(%#llx): the block (%zu bytes at offset %llu) shares a "
+				         "libemm segment of %zu bytes; another process would open the whole segment, "
+				         "not this block, so libemm refuses (CUDA_ERROR_NOT_SUPPORTED). Run this "
+				         "program with EMM_DISABLE=1 to export it",
+				         (unsigned long long)dptr, range.size,
+				         (unsigned long long)(range.base - range.segment_base), range.segment_size);
+		}
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}
 	return CALL_REAL(cuIpcGetMemHandle, pHandle, dptr);

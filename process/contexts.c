@@ -496,6 +496,7 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 		if (e->backend_state && st_backend.table->fini)
 			st_backend.table->fini(e->backend_state, false);
 		e->backend_state = NULL;
+		st_host_backend_fini(e, false);
 	}
 	st_stream_remove_context(e->ctx);
 	/* Its captures and graphs went with it; quarantined blocks of these

@@ -67,8 +67,8 @@ int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap)
 
 	if (!st_is_enabled())
 		return -ENOSYS;
-	b = st_backend.table;
-	if (!st_opts->pinned || !(b->caps & EMM_BACKEND_CAP_HOST_PINNED) || !b->host_segment_alloc ||
+	b = st_host_backend.table;
+	if (!st_opts->pinned || !b || !(b->caps & EMM_BACKEND_CAP_HOST_PINNED) || !b->host_segment_alloc ||
 	    !b->host_segment_free)
 		return -ENOSYS;
 	if (flags >= PINNED_FLAG_SETS)
@@ -82,6 +82,9 @@ int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap)
 		return 0;
 	}
 
+	ret = st_host_backend_init(e);
+	if (ret < 0)
+		return ret;
 	/* Built with no lock held (heap calls), published under st_ctx_lock
 	 * unless another thread's heap for the flag set got there first. */
 	st_heap_params(&params);

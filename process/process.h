@@ -410,6 +410,9 @@ void emm_state_add_counter_stats(int device, struct emm_stats *out);
 
 /* The loaded backend's name and path, for messages ("none" if none). */
 const char *emm_state_backend_name(void);
+/* True if the loaded backend's segments can be exported with
+ * cuIpcGetMemHandle (EMM_BACKEND_CAP_IPC). */
+bool emm_state_backend_can_ipc(void);
 const char *emm_state_backend_path(void);
 
 /* --- fence ops over CUDA events (fence_cuda.c) -------------------------- */

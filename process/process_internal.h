@@ -109,6 +109,11 @@ extern bool st_enabled;          /* written once inside state_init */
 extern atomic_bool st_exiting;
 extern const struct emm_options *st_opts;
 extern struct emm_backend_loaded st_backend;
+/* Where pinned host segments come from: st_backend when it serves them
+ * (EMM_BACKEND_CAP_HOST_PINNED), else the built-in driver backend, so a
+ * device backend without pinned memory (vmm, async, managed) does not
+ * turn pinned caching off; NULL table when neither can (hostsim). */
+extern struct emm_backend_loaded st_host_backend;
 extern struct emm_backend_host st_host;
 extern _Atomic(const struct emm_real_driver_table *) st_real;
 extern struct emm_state_real_extra st_extra;
@@ -187,6 +192,9 @@ struct ctx_entry {
 	bool primary; /* the device's primary context */
 	bool failed;  /* no heap (backend init failed): pass through */
 	void *backend_state;
+	/* st_host_backend's state for this context when it is not st_backend
+	 * (created with the first pinned heap, under st_ctx_lock's publish) */
+	_Atomic(void *) host_backend_state;
 	emm_heap_t *heap;
 	_Atomic(emm_heap_t *) pinned[PINNED_FLAG_SETS];
 	struct pinned_source pinned_src[PINNED_FLAG_SETS];
@@ -235,6 +243,12 @@ extern EMM_TLS_IE bool st_tls_in_backend;
 
 /* The backend's init for the context of `e` (current) on device `dev`. */
 int st_backend_init(struct ctx_entry *e, CUdevice dev);
+/* The pinned-host backend's state for `e` (st_host_backend); created by
+ * st_host_backend_init with the first pinned heap (0, or a negative errno:
+ * no pinned caching for this context), dropped with the context. */
+void *st_host_state(struct ctx_entry *e);
+int st_host_backend_init(struct ctx_entry *e);
+void st_host_backend_fini(struct ctx_entry *e, bool driver_alive);
 /* The segment source callbacks of a context's device heap (state: e). */
 int st_device_segment_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr);
 int st_device_segment_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stream);

@@ -44,6 +44,46 @@ void st_pop_ctx(bool pushed)
 		(void)st_real_extra()->cuCtxPopCurrent_v2(&popped);
 }
 
+void *st_host_state(struct ctx_entry *e)
+{
+	return st_host_backend.table == st_backend.table ? e->backend_state
+	                                                  : atomic_load_explicit(&e->host_backend_state,
+	                                                                         memory_order_acquire);
+}
+
+int st_host_backend_init(struct ctx_entry *e)
+{
+	void *state = NULL;
+	int ret;
+
+	if (!st_host_backend.table)
+		return -ENOSYS;
+	if (st_host_state(e))
+		return 0;
+	st_assert_unlocked("the pinned backend's init");
+	st_tls_in_backend = true;
+	ret = st_host_backend.table->init(&st_host, e->device, (uint64_t)(uintptr_t)e->ctx, &state);
+	st_tls_in_backend = false;
+	if (ret < 0)
+		return ret;
+	void *expected = NULL;
+	if (!atomic_compare_exchange_strong(&e->host_backend_state, &expected, state) &&
+	    st_host_backend.table->fini)
+		st_host_backend.table->fini(state, true); /* another thread's won */
+	return 0;
+}
+
+void st_host_backend_fini(struct ctx_entry *e, bool driver_alive)
+{
+	void *state;
+
+	if (!st_host_backend.table || st_host_backend.table == st_backend.table)
+		return;
+	state = atomic_exchange(&e->host_backend_state, NULL);
+	if (state && st_host_backend.table->fini)
+		st_host_backend.table->fini(state, driver_alive);
+}
+
 int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size, emm_stream_t stream,
                      emm_addr_t *ret_addr)
 {
@@ -54,7 +94,7 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 	st_assert_unlocked("a backend segment allocation");
 	st_tls_in_backend = true;
 	if (host)
-		ret = st_backend.table->host_segment_alloc(e->backend_state, size, flags, ret_addr);
+		ret = st_host_backend.table->host_segment_alloc(st_host_state(e), size, flags, ret_addr);
 	else
 		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
 	st_tls_in_backend = false;
@@ -81,7 +121,7 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 	pushed = st_push_ctx(e->ctx);
 	st_tls_in_backend = true;
 	if (host)
-		ret = st_backend.table->host_segment_free(e->backend_state, addr, size);
+		ret = st_host_backend.table->host_segment_free(st_host_state(e), addr, size);
 	else
 		ret = st_backend.table->segment_free(e->backend_state, addr, size, backend_stream(stream));
 	st_tls_in_backend = false;

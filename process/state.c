@@ -70,6 +70,7 @@ void st_lock_violation(const char *what)
 }
 #endif
 struct emm_backend_loaded st_backend;
+struct emm_backend_loaded st_host_backend;
 struct emm_backend_host st_host;
 
 static const struct emm_real_driver_table st_null_real;
@@ -183,6 +184,15 @@ static void state_init(void)
 		goto out;
 	}
 
+	/* Pinned host memory: from the device backend if it serves it, else
+	 * from the built-in driver backend (a GPU backend without it). */
+	if (st_backend.table->caps & EMM_BACKEND_CAP_HOST_PINNED) {
+		st_host_backend = st_backend;
+	} else if (!(st_backend.table->caps & EMM_BACKEND_CAP_SIMULATED) &&
+	           emm_backend_load("driver", emm_real_dlsym, &st_host_backend) < 0) {
+		memset(&st_host_backend, 0, sizeof(st_host_backend));
+	}
+
 	st_host.interface_version = st_backend.version;
 	st_host.struct_size = sizeof(st_host);
 	st_host.driver_proc = emm_real_driver;
@@ -238,6 +248,11 @@ void emm_state_driver_gone(void)
 const char *emm_state_backend_name(void)
 {
 	return st_backend.table ? st_backend.table->name : "none";
+}
+
+bool emm_state_backend_can_ipc(void)
+{
+	return st_backend.table && (st_backend.table->caps & EMM_BACKEND_CAP_IPC);
 }
 
 const char *emm_state_backend_path(void)

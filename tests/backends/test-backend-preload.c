@@ -25,7 +25,7 @@
 static const char *kind;
 static const char *example_path;
 
-static void stats(struct emm_stats *out)
+static void stats_of(int device, struct emm_stats *out)
 {
 	static int (*get)(int, struct emm_stats *);
 
@@ -33,10 +33,15 @@ static void stats(struct emm_stats *out)
 	out->struct_size = sizeof(*out);
 	if (!get)
 		*(void **)&get = dlsym(RTLD_DEFAULT, "emm_stats_get");
-	if (!get || get(0, out) != 0) {
+	if (!get || get(device, out) != 0) {
 		fprintf(stderr, "emm_stats_get not found or failed: is libemm.so preloaded?\n");
 		exit(1);
 	}
+}
+
+static void stats(struct emm_stats *out)
+{
+	stats_of(0, out);
 }
 
 /* The driver call each segment comes from, under each backend. */
@@ -150,6 +155,39 @@ TEST_BEGIN(test_release_idle)
 }
 TEST_END
 
+/* Pinned host memory is cached although these backends serve device
+ * memory only: it comes from the built-in driver backend. */
+TEST_BEGIN(test_pinned_cached)
+{
+	struct emm_stats p0, p1;
+	void *a, *b;
+
+	stats_of(-2, &p0);
+	assert_int_eq(cuMemHostAlloc(&a, 1 << 20, 0), CUDA_SUCCESS);
+	fill(a, 1 << 20, 3);
+	assert_int_eq(cuMemFreeHost(a), CUDA_SUCCESS);
+	assert_int_eq(cuMemHostAlloc(&b, 1 << 20, 0), CUDA_SUCCESS);
+	assert_int_eq(cuMemFreeHost(b), CUDA_SUCCESS);
+	stats_of(-2, &p1);
+	expect_u64_eq(p1.allocs - p0.allocs, 2);
+	expect_u64_eq(p1.frees - p0.frees, 2);
+	expect_u64_eq(p1.passthrough_allocs, p0.passthrough_allocs);
+}
+TEST_END
+
+/* A backend whose memory cannot be shared: even a whole-segment block is
+ * refused with a clear CUDA_ERROR_NOT_SUPPORTED, not the driver's answer. */
+TEST_BEGIN(test_ipc_refused)
+{
+	CUipcMemHandle h;
+	CUdeviceptr d;
+
+	assert_int_eq(cuMemAlloc(&d, (size_t)12 << 20), CUDA_SUCCESS);
+	expect_int_eq(cuIpcGetMemHandle(&h, d), CUDA_ERROR_NOT_SUPPORTED);
+	assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
+}
+TEST_END
+
 /* The example backend counted exactly what libemm asked of it. */
 TEST_BEGIN(test_example_counts)
 {
@@ -158,10 +196,6 @@ TEST_BEGIN(test_example_counts)
 	struct emm_stats st;
 	void *h;
 
-	if (strcmp(kind, "example") != 0) {
-		emm_test_skip("not the example backend");
-		return;
-	}
 	h = dlopen(example_path, RTLD_NOW | RTLD_NOLOAD);
 	assert_ptr_not_null(h); /* libemm loaded it */
 	*(void **)&counts = dlsym(h, "emm_example_counts");
@@ -194,5 +228,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "driver setup failed\n");
 		return 1;
 	}
-	return emm_test_run(test_served_with_data, test_memory_kind, test_release_idle, test_example_counts, NULL);
+	if (strcmp(kind, "example") == 0)
+		return emm_test_run(test_served_with_data, test_memory_kind, test_release_idle, test_pinned_cached,
+		                    test_example_counts, NULL);
+	return emm_test_run(test_served_with_data, test_memory_kind, test_release_idle, test_pinned_cached,
+	                    test_ipc_refused, NULL);
 }

@@ -546,9 +546,12 @@ TEST_BEGIN(test_ipc_sub_allocated_refused)
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
 	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
 	/* A block that is its whole segment (12 MiB: a segment of its own,
-	 * rounded to 2 MiB, nothing left over) opens at its own bytes. */
+	 * rounded to 2 MiB, nothing left over) opens at its own bytes - where
+	 * the backend's memory can be shared at all (the driver backend's). */
+	const char *backend = getenv("EMM_BACKEND");
+	bool shareable = !backend || !*backend || strcmp(backend, "driver") == 0;
 	assert_int_eq(cuMemAlloc(&a, (size_t)12 << 20), CUDA_SUCCESS);
-	expect_int_eq(cuIpcGetMemHandle(&h, a), CUDA_SUCCESS);
+	expect_int_eq(cuIpcGetMemHandle(&h, a), shareable ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED);
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
 }
 TEST_END
