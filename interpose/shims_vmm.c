@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/compiler.h"
+#include "common/log.h"
 #include "interpose/shims.h"
 
 #define VMM(fn)		   (emm_real_vmm()->fn)
@@ -30,6 +31,13 @@ static bool vmm_off(void)
 	return emm_vmm_mode() == EMM_VMM_MODE_OFF;
 }
 
+/* EMM_VERBOSE=2: every VMM call the program makes, with what libemm did. */
+#define VMM_TRACE(...)                          \
+	do {                                    \
+		if (emm_log_debug_enabled())    \
+			emm_debug(__VA_ARGS__); \
+	} while (0)
+
 /* --- address ranges ------------------------------------------------------ */
 
 EMM_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -39,9 +47,14 @@ EMM_EXPORT CUresult CUDAAPI cuMemAddressReserve(CUdeviceptr *ptr, size_t size, s
 
 	if (vmm_off())
 		return CALL_VMM(cuMemAddressReserve, ptr, size, alignment, addr, flags);
-	if (emm_vmm_reserve(size, alignment, addr, flags, ptr))
+	if (emm_vmm_reserve(size, alignment, addr, flags, ptr)) {
+		VMM_TRACE("vmm: cuMemAddressReserve(%zu, align %zu, addr %#llx, flags %llu) -> %#llx (cache)", size,
+		          alignment, (unsigned long long)addr, flags, (unsigned long long)*ptr);
 		return CUDA_SUCCESS;
+	}
 	r = CALL_VMM(cuMemAddressReserve, ptr, size, alignment, addr, flags);
+	VMM_TRACE("vmm: cuMemAddressReserve(%zu, align %zu, addr %#llx, flags %llu) -> %d %#llx", size, alignment,
+	          (unsigned long long)addr, flags, (int)r, r == CUDA_SUCCESS ? (unsigned long long)*ptr : 0ull);
 	emm_vmm_reserve_done(r == CUDA_SUCCESS ? *ptr : 0, size, addr, flags, r == CUDA_SUCCESS);
 	return r;
 }
@@ -52,9 +65,12 @@ EMM_EXPORT CUresult CUDAAPI cuMemAddressFree(CUdeviceptr ptr, size_t size)
 
 	if (vmm_off())
 		return CALL_VMM(cuMemAddressFree, ptr, size);
-	if (emm_vmm_address_free(ptr, size))
+	if (emm_vmm_address_free(ptr, size)) {
+		VMM_TRACE("vmm: cuMemAddressFree(%#llx, %zu) (cache)", (unsigned long long)ptr, size);
 		return CUDA_SUCCESS;
+	}
 	r = CALL_VMM(cuMemAddressFree, ptr, size);
+	VMM_TRACE("vmm: cuMemAddressFree(%#llx, %zu) -> %d", (unsigned long long)ptr, size, (int)r);
 	emm_vmm_address_free_done(ptr, size, r == CUDA_SUCCESS);
 	return r;
 }
@@ -68,9 +84,18 @@ EMM_EXPORT CUresult CUDAAPI cuMemCreate(CUmemGenericAllocationHandle *handle, si
 
 	if (vmm_off())
 		return CALL_VMM(cuMemCreate, handle, size, prop, flags);
-	if (emm_vmm_create(size, prop, flags, handle))
+	if (emm_vmm_create(size, prop, flags, handle)) {
+		VMM_TRACE("vmm: cuMemCreate(%zu) -> %#llx (cache)", size, (unsigned long long)*handle);
 		return CUDA_SUCCESS;
+	}
 	r = CALL_VMM(cuMemCreate, handle, size, prop, flags);
+	VMM_TRACE("vmm: cuMemCreate(%zu, type %d, loc %d/%d, handle types %d, compression %d, rdma %d, usage %d, "
+	          "flags %llu) -> %d %#llx",
+	          size, prop ? (int)prop->type : -1, prop ? (int)prop->location.type : -1,
+	          prop ? prop->location.id : -1, prop ? (int)prop->requestedHandleTypes : -1,
+	          prop ? (int)prop->allocFlags.compressionType : -1,
+	          prop ? (int)prop->allocFlags.gpuDirectRDMACapable : -1, prop ? (int)prop->allocFlags.usage : -1,
+	          flags, (int)r, r == CUDA_SUCCESS ? (unsigned long long)*handle : 0ull);
 	/* Idle VMM memory is free memory to the program: give it back and
 	 * try once more (EMM_OOM_RETRY). */
 	if (r == CUDA_ERROR_OUT_OF_MEMORY && emm_vmm_oom_release())
@@ -85,9 +110,12 @@ EMM_EXPORT CUresult CUDAAPI cuMemRelease(CUmemGenericAllocationHandle handle)
 
 	if (vmm_off())
 		return CALL_VMM(cuMemRelease, handle);
-	if (emm_vmm_release(handle))
+	if (emm_vmm_release(handle)) {
+		VMM_TRACE("vmm: cuMemRelease(%#llx) (cache)", (unsigned long long)handle);
 		return CUDA_SUCCESS;
+	}
 	r = CALL_VMM(cuMemRelease, handle);
+	VMM_TRACE("vmm: cuMemRelease(%#llx) -> %d", (unsigned long long)handle, (int)r);
 	emm_vmm_release_done(handle, r == CUDA_SUCCESS);
 	return r;
 }
@@ -101,9 +129,14 @@ EMM_EXPORT CUresult CUDAAPI cuMemMap(CUdeviceptr ptr, size_t size, size_t offset
 
 	if (vmm_off())
 		return CALL_VMM(cuMemMap, ptr, size, offset, handle, flags);
-	if (emm_vmm_map(ptr, size, offset, handle, flags))
+	if (emm_vmm_map(ptr, size, offset, handle, flags)) {
+		VMM_TRACE("vmm: cuMemMap(%#llx, %zu, %zu, %#llx) (cache)", (unsigned long long)ptr, size, offset,
+		          (unsigned long long)handle);
 		return CUDA_SUCCESS;
+	}
 	r = CALL_VMM(cuMemMap, ptr, size, offset, handle, flags);
+	VMM_TRACE("vmm: cuMemMap(%#llx, %zu, %zu, %#llx, %llu) -> %d", (unsigned long long)ptr, size, offset,
+	          (unsigned long long)handle, flags, (int)r);
 	emm_vmm_map_done(ptr, size, offset, handle, flags, r == CUDA_SUCCESS);
 	return r;
 }
@@ -114,9 +147,12 @@ EMM_EXPORT CUresult CUDAAPI cuMemUnmap(CUdeviceptr ptr, size_t size)
 
 	if (vmm_off())
 		return CALL_VMM(cuMemUnmap, ptr, size);
-	if (emm_vmm_unmap(ptr, size))
+	if (emm_vmm_unmap(ptr, size)) {
+		VMM_TRACE("vmm: cuMemUnmap(%#llx, %zu) (cache)", (unsigned long long)ptr, size);
 		return CUDA_SUCCESS;
+	}
 	r = CALL_VMM(cuMemUnmap, ptr, size);
+	VMM_TRACE("vmm: cuMemUnmap(%#llx, %zu) -> %d", (unsigned long long)ptr, size, (int)r);
 	emm_vmm_unmap_done(ptr, size, r == CUDA_SUCCESS);
 	return r;
 }
@@ -127,9 +163,15 @@ EMM_EXPORT CUresult CUDAAPI cuMemSetAccess(CUdeviceptr ptr, size_t size, const C
 
 	if (vmm_off())
 		return CALL_VMM(cuMemSetAccess, ptr, size, desc, count);
-	if (emm_vmm_set_access(ptr, size, desc, count))
+	if (emm_vmm_set_access(ptr, size, desc, count)) {
+		VMM_TRACE("vmm: cuMemSetAccess(%#llx, %zu) (cache)", (unsigned long long)ptr, size);
 		return CUDA_SUCCESS;
+	}
 	r = CALL_VMM(cuMemSetAccess, ptr, size, desc, count);
+	VMM_TRACE("vmm: cuMemSetAccess(%#llx, %zu, %zu desc, first loc %d/%d flags %llu) -> %d",
+	          (unsigned long long)ptr, size, count, desc && count ? (int)desc[0].location.type : -1,
+	          desc && count ? desc[0].location.id : -1,
+	          desc && count ? (unsigned long long)desc[0].flags : 0ull, (int)r);
 	emm_vmm_set_access_done(ptr, size, desc, count, r == CUDA_SUCCESS);
 	return r;
 }

@@ -33,12 +33,11 @@ def nvml_used_fn(torch):
         return None
     if nvml.nvmlInit_v2() != 0:
         return None
-    bus = torch.cuda.get_device_properties(0).pci_bus_id if hasattr(
-        torch.cuda.get_device_properties(0), "pci_bus_id") else None
+    # cuda:0 is NVML's device 0 here (the machines have one GPU, and
+    # CUDA_VISIBLE_DEVICES is not set by the suite).
     dev = ctypes.c_void_p()
-    if bus is None or nvml.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(dev)) != 0:
-        if nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) != 0:
-            return None
+    if nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) != 0:
+        return None
 
     def used():
         m = NvmlMemory()
