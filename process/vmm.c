@@ -84,13 +84,16 @@ static CUcontext current_ctx(void)
 
 /* --- comparing what the program asks for --------------------------------- */
 
+/* A handle that may carry a shareable type (XLA asks for POSIX file
+ * descriptors on every buffer) stays cacheable until it is actually
+ * exported: cuMemExportToShareableHandle pins it (emm_vmm_touch). */
 static bool prop_cacheable(const CUmemAllocationProp *p)
 {
-	return p->type == CU_MEM_ALLOCATION_TYPE_PINNED && p->requestedHandleTypes == CU_MEM_HANDLE_TYPE_NONE &&
-	       p->location.type == CU_MEM_LOCATION_TYPE_DEVICE && !p->win32HandleMetaData;
+	return p->type == CU_MEM_ALLOCATION_TYPE_PINNED && p->location.type == CU_MEM_LOCATION_TYPE_DEVICE &&
+	       !p->win32HandleMetaData;
 }
 
-static bool prop_equal(const CUmemAllocationProp *a, const CUmemAllocationProp *b)
+bool vmm_prop_equal(const CUmemAllocationProp *a, const CUmemAllocationProp *b)
 {
 	return a->type == b->type && a->requestedHandleTypes == b->requestedHandleTypes &&
 	       a->location.type == b->location.type && a->location.id == b->location.id &&
@@ -270,9 +273,29 @@ int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long l
 		return 0;
 	ctx = current_ctx();
 	st_lock(&vmm_lock);
-	take_own_pending(&b, NULL);
-	if (ret_va && size && !addr && !flags && !(align & (align - 1)) && !st_is_exiting())
-		hit = vmm_idle_take_locked(size, align, ctx);
+	if (ret_va && size && !addr && !flags && !(align & (align - 1)) && !st_is_exiting()) {
+		/* The buffer this thread's cuMemCreate already took (XLA creates
+		 * the handle first): its range. The thread's other pending
+		 * deferrals are made real (rule (a)), not this one. */
+		uint64_t self = vmm_thread_id();
+		struct vbuf *mine = NULL;
+		for (struct vbuf *v = vmm_pending_head_locked(); v && !mine; v = v->next)
+			if (v->owner == self && !v->busy && v->l == L_CREATED && v->size == size &&
+			    !(align && v->va % align))
+				mine = v;
+		take_own_pending(&b, mine);
+		if (mine) {
+			mine->l |= L_RESERVED;
+			va = mine->va;
+			st_unlock(&vmm_lock);
+			batch_run(&b);
+			*ret_va = va;
+			return 1;
+		}
+		hit = vmm_idle_take_locked(size, align, ctx, NULL);
+	} else {
+		take_own_pending(&b, NULL);
+	}
 	if (hit) {
 		hit->l = L_RESERVED;
 		hit->owner = vmm_thread_id();
@@ -306,19 +329,36 @@ int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long l
 	struct vbuf *hit = NULL;
 	CUmemGenericAllocationHandle h = 0;
 	uint64_t self = vmm_thread_id();
+	CUcontext ctx;
 	int device = 0;
 
 	if (!cache_on() || !vmm_tracked())
 		return 0;
+	ctx = current_ctx(); /* a driver call: before the lock */
 	st_lock(&vmm_lock);
 	if (ret_handle && prop && !flags)
 		for (struct vbuf *v = vmm_pending_head_locked(); v && !hit; v = v->next)
 			if (v->owner == self && !v->busy && v->l == L_RESERVED && v->size == size &&
-			    prop_equal(prop, &v->prop))
+			    vmm_prop_equal(prop, &v->prop))
 				hit = v;
 	take_own_pending(&b, hit);
 	if (hit) {
 		hit->l |= L_CREATED;
+	} else if (ret_handle && prop && !flags && !st_is_exiting()) {
+		/* Created before its range is reserved (XLA's order): an idle
+		 * buffer of this size and these properties; the same thread's
+		 * cuMemAddressReserve then takes its range. */
+		hit = vmm_idle_take_locked(size, 0, ctx, prop);
+		if (hit) {
+			hit->l = L_CREATED;
+			hit->owner = self;
+			hit->busy = false;
+			vmm_list_add_locked(hit, VB_PENDING);
+			vmm_reaper_kick_locked();
+			pthread_cond_broadcast(&vmm_busy_cond);
+		}
+	}
+	if (hit) {
 		h = hit->handle;
 		device = hit->device;
 	}

@@ -203,7 +203,7 @@ void vmm_make_idle(struct vbuf *v)
 	}
 }
 
-struct vbuf *vmm_idle_take_locked(size_t size, size_t align, CUcontext ctx)
+struct vbuf *vmm_idle_take_locked(size_t size, size_t align, CUcontext ctx, const CUmemAllocationProp *prop)
 {
 	struct vbuf *checked[MAX_CHECKS];
 	unsigned nchecked = 0;
@@ -214,7 +214,8 @@ struct vbuf *vmm_idle_take_locked(size_t size, size_t align, CUcontext ctx)
 
 		for (v = idle_head; v; v = v->next) {
 			bool seen = false;
-			if (v->busy || v->size != size || (align && v->va % align) || (ctx && v->ctx != ctx))
+			if (v->busy || v->size != size || (align && v->va % align) || (ctx && v->ctx != ctx) ||
+			    (prop && !vmm_prop_equal(prop, &v->prop)))
 				continue;
 			for (unsigned i = 0; i < nchecked; i++)
 				seen |= checked[i] == v;

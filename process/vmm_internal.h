@@ -144,7 +144,9 @@ void vmm_make_idle(struct vbuf *v);
  * aligned to `align` in context `ctx` may take and whose fences are
  * complete; busy and unlinked, or NULL. Drops and retakes the lock to
  * query fences. */
-struct vbuf *vmm_idle_take_locked(size_t size, size_t align, CUcontext ctx);
+struct vbuf *vmm_idle_take_locked(size_t size, size_t align, CUcontext ctx, const CUmemAllocationProp *prop);
+/* Same physical-allocation properties (vmm.c). */
+bool vmm_prop_equal(const CUmemAllocationProp *a, const CUmemAllocationProp *b);
 /* vmm_idle.c: start the reaper if it is not running (vmm_lock held), and
  * wake it for a new pending entry. */
 void vmm_reaper_kick_locked(void);
