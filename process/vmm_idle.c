@@ -25,6 +25,12 @@
  * middle of one, the cost is one buffer not cached), while memory comes
  * back well within what another process or NVML can observe. It never
  * calls the driver once exit has begun; a fork child starts without it.
+ *
+ * The reaper also gives back idle buffers nobody took for IDLE_MS (1 s):
+ * programs that allocate with the VMM calls chose them to give memory
+ * back (JAX's platform mode exists to share a GPU), and a training step
+ * reuses its buffers within milliseconds, so a buffer idle for a second
+ * is one a shape change left behind.
  */
 #include <errno.h>
 #include <signal.h>
@@ -40,6 +46,8 @@
 
 #define REAP_MS	   5
 #define REAP_NS	   ((uint64_t)REAP_MS * 1000000u)
+#define IDLE_MS	   1000
+#define IDLE_NS	   ((uint64_t)IDLE_MS * 1000000u)
 #define MAX_CHECKS 4 /* idle vbufs whose fences one reservation queries */
 
 static struct vbuf *pending_head, *pending_tail, *idle_head, *idle_tail;
@@ -143,6 +151,12 @@ static int fences_record(struct vbuf *v)
 	uint64_t ev;
 	size_t n;
 
+	/* EMM_FREE_MODE=stream trusts the program's ordering, as the real VMM
+	 * frees do (they never wait: tests/bench/RESULTS.md section 7): no
+	 * marker, reusable at once. */
+	if (st_opts->free_mode == EMM_OPT_FREE_STREAM)
+		return 0;
+
 	v->pool = emm_fence_pool_get(v->ctx);
 	if (!v->pool)
 		return -ENOMEM;
@@ -191,6 +205,7 @@ void vmm_make_idle(struct vbuf *v)
 	st_lock(&vmm_lock);
 	v->busy = false;
 	vmm_list_add_locked(v, VB_IDLE);
+	vmm_reaper_kick_locked(); /* it gives back what stays idle (IDLE_MS) */
 	pthread_cond_broadcast(&vmm_busy_cond);
 	st_unlock(&vmm_lock);
 	if (threshold == SIZE_MAX)
@@ -320,16 +335,20 @@ static void *reaper_main(void *arg)
 		unsigned n = 0;
 		struct timespec ts;
 
-		for (struct vbuf *v = pending_head, *next; v && !st_is_exiting(); v = next) {
-			next = v->next;
-			if (v->busy)
-				continue;
-			if (v->since_ns + REAP_NS <= now && n < 16) {
-				vmm_list_del_locked(v);
-				v->busy = true;
-				batch[n++] = v;
-			} else if (!wake || v->since_ns + REAP_NS < wake) {
-				wake = v->since_ns + REAP_NS;
+		for (int idle = 0; idle < 2; idle++) {
+			uint64_t age = idle ? IDLE_NS : REAP_NS;
+			for (struct vbuf *v = idle ? idle_head : pending_head, *next; v && !st_is_exiting();
+			     v = next) {
+				next = v->next;
+				if (v->busy)
+					continue;
+				if (v->since_ns + age <= now && n < 16) {
+					vmm_list_del_locked(v);
+					v->busy = true;
+					batch[n++] = v;
+				} else if (!wake || v->since_ns + age < wake) {
+					wake = v->since_ns + age;
+				}
 			}
 		}
 		if (n) {

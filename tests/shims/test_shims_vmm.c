@@ -209,6 +209,21 @@ TEST_BEGIN(test_xla_create_first_order)
 }
 TEST_END
 
+/* A freed buffer nobody takes goes back to the device after a second. */
+TEST_BEGIN(test_idle_buffer_given_back_after_a_second)
+{
+	size_t base;
+	struct buf b;
+
+	shims_release_idle(-1, 0);
+	base = fakecuda_mem_used(0);
+	assert_int_eq(xla_alloc(&b, 12 * MIB), CUDA_SUCCESS);
+	assert_int_eq(xla_free(&b), CUDA_SUCCESS);
+	expect_true(fakecuda_mem_used(0) >= base + 12 * MIB); /* kept for reuse */
+	expect_true(wait_used_at_most(base, 3000));          /* the reaper, after ~1 s */
+}
+TEST_END
+
 /* A handle that only may be shared (a shareable type requested, as XLA
  * does for every buffer) is cached like any other until it is exported
  * (the GPU test vmm-cache checks that an exported one never is: the fake
@@ -570,6 +585,27 @@ static int mode_threshold(void)
 	return bad;
 }
 
+/* EMM_FREE_MODE=stream: the program's ordering is trusted, as the real VMM
+ * frees trust it: a freed buffer comes back at once, its events unfinished. */
+static int mode_stream(void)
+{
+	struct buf a, b;
+	CUstream nb;
+	int bad = 0;
+
+	bad |= cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
+	fakecuda_set_event_delay(1000000);
+	bad |= xla_alloc(&a, 10 * MIB) != CUDA_SUCCESS || xla_free(&a) != CUDA_SUCCESS;
+	fakecuda_reset_counters();
+	bad |= xla_alloc(&b, 10 * MIB) != CUDA_SUCCESS;
+	bad |= b.va != a.va || vmm_calls() != 0;
+	bad |= xla_free(&b) != CUDA_SUCCESS;
+	fakecuda_set_event_delay(0);
+	fakecuda_complete_all();
+	printf("stream: %s\n", bad ? "FAILED" : "ok");
+	return bad;
+}
+
 int main(int argc, char **argv)
 {
 	if (!fakecuda_known_function("cuMemCreate")) {
@@ -584,12 +620,15 @@ int main(int argc, char **argv)
 			return mode_passthrough(!strcmp(argv[1], "count"));
 		if (!strcmp(argv[1], "threshold"))
 			return mode_threshold();
+		if (!strcmp(argv[1], "stream"))
+			return mode_stream();
 		if (!strcmp(argv[1], "trace") && argc > 2)
 			return mode_trace(argv[2]);
 		fprintf(stderr, "unknown mode %s\n", argv[1]);
 		return 2;
 	}
 	return emm_test_run(test_xla_pattern_served_from_cache, test_xla_create_first_order,
+	                    test_idle_buffer_given_back_after_a_second,
 	                    test_sleep_pattern_gives_memory_back,
 	                    test_shared_and_partial_pass_through, test_fence_holds_freed_buffer,
 	                    test_idle_is_free_memory, test_threads, test_lookups_substituted, test_free_orders,
