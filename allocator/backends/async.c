@@ -69,6 +69,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "allocator/backends/backend_util.h"
 #include "emm/emm_backend.h"
 
 #ifdef EMM_BACKEND_BUILTIN
@@ -116,33 +117,14 @@ struct async_state {
 	size_t nsegs, segs_cap;
 };
 
-__attribute__((format(printf, 3, 4))) static void
-async_log(const struct emm_backend_host *host, enum emm_backend_log_level level, const char *fmt, ...)
-{
-	char line[256];
-	va_list ap;
-
-	if (!host || !host->log)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	host->log(level, line);
-}
+#define async_log emm_bk_log
 
 /* Out of memory is -ENOMEM (the allocator releases cache and retries), a
  * device without pools -ENOTSUP, everything else -EIO. */
 static int async_error(const struct emm_backend_host *host, int device, const char *what, size_t size,
                        CUresult res)
 {
-	if (res == CUDA_ERROR_OUT_OF_MEMORY) {
-		async_log(host, EMM_BACKEND_LOG_DEBUG, "async backend: %s(%zu) on device %d: out of memory",
-		          what, size, device);
-		return -ENOMEM;
-	}
-	async_log(host, EMM_BACKEND_LOG_DEBUG, "async backend: %s(%zu) on device %d failed with CUresult %d",
-	          what, size, device, (int)res);
-	return res == CUDA_ERROR_NOT_SUPPORTED ? -ENOTSUP : -EIO;
+	return emm_bk_error(host, EMM_BACKEND_LOG_DEBUG, "async", device, what, size, res);
 }
 
 static void *proc(const struct emm_backend_host *host, const char *name)
@@ -468,14 +450,5 @@ static const struct emm_backend async_backend = {
 
 int ASYNC_ENTRY(uint32_t *inout_version, const struct emm_backend **ret_table)
 {
-	if (!inout_version || !ret_table)
-		return -EINVAL;
-	/* Methods are only appended: this table serves versions 1 up to the
-	 * one it was built for. */
-	if (*inout_version < 1)
-		return -ENOTSUP;
-	if (*inout_version > EMM_BACKEND_INTERFACE_VERSION)
-		*inout_version = EMM_BACKEND_INTERFACE_VERSION;
-	*ret_table = &async_backend;
-	return 0;
+	return emm_bk_negotiate(inout_version, ret_table, &async_backend, 1);
 }

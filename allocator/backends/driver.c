@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "allocator/backends/backend_util.h"
 #include "emm/emm_backend.h"
 
 #ifdef EMM_BACKEND_BUILTIN
@@ -45,33 +46,13 @@ struct driver_state {
 	mem_free_host_fn mem_free_host;
 };
 
-__attribute__((format(printf, 3, 4))) static void
-driver_log(const struct emm_backend_host *host, enum emm_backend_log_level level, const char *fmt, ...)
-{
-	char line[256];
-	va_list ap;
-
-	if (!host || !host->log)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	host->log(level, line);
-}
+#define driver_log emm_bk_log
 
 /* CUDA_ERROR_OUT_OF_MEMORY is the one failure the allocator acts on (it
  * releases cache and retries); everything else is an I/O-class error. */
 static int driver_error(const struct driver_state *st, const char *what, size_t size, CUresult res)
 {
-	if (res == CUDA_ERROR_OUT_OF_MEMORY) {
-		driver_log(st->host, EMM_BACKEND_LOG_DEBUG,
-		           "driver backend: %s(%zu) on device %d: out of memory", what, size, st->device);
-		return -ENOMEM;
-	}
-	driver_log(st->host, EMM_BACKEND_LOG_DEBUG,
-	           "driver backend: %s(%zu) on device %d failed with CUresult %d", what, size, st->device,
-	           (int)res);
-	return -EIO;
+	return emm_bk_error(st->host, EMM_BACKEND_LOG_DEBUG, "driver", st->device, what, size, res);
 }
 
 static void *driver_proc(const struct emm_backend_host *host, const char *name)
@@ -209,14 +190,5 @@ static const struct emm_backend driver_backend = {
 
 int DRIVER_ENTRY(uint32_t *inout_version, const struct emm_backend **ret_table)
 {
-	if (!inout_version || !ret_table)
-		return -EINVAL;
-	/* Methods are only appended, so this table serves every version from
-	 * 1 up to the one it was built for. */
-	if (*inout_version < 1)
-		return -ENOTSUP;
-	if (*inout_version > EMM_BACKEND_INTERFACE_VERSION)
-		*inout_version = EMM_BACKEND_INTERFACE_VERSION;
-	*ret_table = &driver_backend;
-	return 0;
+	return emm_bk_negotiate(inout_version, ret_table, &driver_backend, 1);
 }

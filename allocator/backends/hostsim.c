@@ -31,6 +31,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "allocator/backends/backend_util.h"
 #include "emm/emm_backend.h"
 
 #ifdef EMM_BACKEND_BUILTIN
@@ -78,19 +79,7 @@ struct hostsim {
 	size_t live_count, live_capacity;
 };
 
-__attribute__((format(printf, 3, 4))) static void
-hostsim_log(const struct emm_backend_host *host, enum emm_backend_log_level level, const char *fmt, ...)
-{
-	char line[256];
-	va_list ap;
-
-	if (!host || !host->log)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	host->log(level, line);
-}
+#define hostsim_log emm_bk_log
 
 static inline uint64_t align_up(uint64_t x, uint64_t align)
 {
@@ -502,14 +491,5 @@ static const struct emm_backend hostsim_backend = {
 
 int HOSTSIM_ENTRY(uint32_t *inout_version, const struct emm_backend **ret_table)
 {
-	if (!inout_version || !ret_table)
-		return -EINVAL;
-	/* Methods are only appended, so this table serves every version from
-	 * 1 up to the one it was built for. */
-	if (*inout_version < 1)
-		return -ENOTSUP;
-	if (*inout_version > EMM_BACKEND_INTERFACE_VERSION)
-		*inout_version = EMM_BACKEND_INTERFACE_VERSION;
-	*ret_table = &hostsim_backend;
-	return 0;
+	return emm_bk_negotiate(inout_version, ret_table, &hostsim_backend, 1);
 }

@@ -46,6 +46,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "allocator/backends/backend_util.h"
 #include "emm/emm_backend.h"
 
 #ifdef EMM_BACKEND_BUILTIN
@@ -70,33 +71,13 @@ struct managed_state {
 	mem_get_info_fn mem_get_info;
 };
 
-__attribute__((format(printf, 3, 4))) static void
-managed_log(const struct emm_backend_host *host, enum emm_backend_log_level level, const char *fmt, ...)
-{
-	char line[256];
-	va_list ap;
-
-	if (!host || !host->log)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	host->log(level, line);
-}
+#define managed_log emm_bk_log
 
 /* Out of memory is -ENOMEM (the allocator releases cache and retries), a
  * device without managed memory -ENOTSUP, everything else -EIO. */
 static int managed_error(const struct managed_state *st, const char *what, size_t size, CUresult res)
 {
-	if (res == CUDA_ERROR_OUT_OF_MEMORY) {
-		managed_log(st->host, EMM_BACKEND_LOG_DEBUG,
-		            "managed backend: %s(%zu) on device %d: out of memory", what, size, st->device);
-		return -ENOMEM;
-	}
-	managed_log(st->host, EMM_BACKEND_LOG_DEBUG,
-	            "managed backend: %s(%zu) on device %d failed with CUresult %d", what, size, st->device,
-	            (int)res);
-	return res == CUDA_ERROR_NOT_SUPPORTED ? -ENOTSUP : -EIO;
+	return emm_bk_error(st->host, EMM_BACKEND_LOG_DEBUG, "managed", st->device, what, size, res);
 }
 
 static void *proc(const struct emm_backend_host *host, const char *name)
@@ -210,14 +191,5 @@ static const struct emm_backend managed_backend = {
 
 int MANAGED_ENTRY(uint32_t *inout_version, const struct emm_backend **ret_table)
 {
-	if (!inout_version || !ret_table)
-		return -EINVAL;
-	/* Methods are only appended: this table serves versions 1 up to the
-	 * one it was built for. */
-	if (*inout_version < 1)
-		return -ENOTSUP;
-	if (*inout_version > EMM_BACKEND_INTERFACE_VERSION)
-		*inout_version = EMM_BACKEND_INTERFACE_VERSION;
-	*ret_table = &managed_backend;
-	return 0;
+	return emm_bk_negotiate(inout_version, ret_table, &managed_backend, 1);
 }

@@ -44,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "allocator/backends/backend_util.h"
 #include "emm/emm_backend.h"
 
 #ifdef EMM_BACKEND_BUILTIN
@@ -100,30 +101,11 @@ struct vmm_state {
 	total_mem_fn total_mem;
 };
 
-__attribute__((format(printf, 3, 4))) static void
-vmm_log(const struct emm_backend_host *host, enum emm_backend_log_level level, const char *fmt, ...)
-{
-	char line[256];
-	va_list ap;
-
-	if (!host || !host->log)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	host->log(level, line);
-}
+#define vmm_log emm_bk_log
 
 static int vmm_error(const struct vmm_state *st, const char *what, size_t size, CUresult res)
 {
-	if (res == CUDA_ERROR_OUT_OF_MEMORY) {
-		vmm_log(st->host, EMM_BACKEND_LOG_DEBUG, "vmm backend: %s(%zu) on device %d: out of memory", what,
-		        size, st->device);
-		return -ENOMEM;
-	}
-	vmm_log(st->host, EMM_BACKEND_LOG_WARNING, "vmm backend: %s(%zu) on device %d failed with CUresult %d",
-	        what, size, st->device, (int)res);
-	return -EIO;
+	return emm_bk_error(st->host, EMM_BACKEND_LOG_WARNING, "vmm", st->device, what, size, res);
 }
 
 /* --- options ---------------------------------------------------------------- */
@@ -610,14 +592,7 @@ static const struct emm_backend vmm_backend = {
 
 int VMM_ENTRY(uint32_t *inout_version, const struct emm_backend **ret_table)
 {
-	if (!inout_version || !ret_table)
-		return -EINVAL;
 	/* Page-granular segments need version 2: a libemm that speaks only
 	 * version 1 could not give pages back, so this backend declines. */
-	if (*inout_version < 2)
-		return -ENOTSUP;
-	if (*inout_version > EMM_BACKEND_INTERFACE_VERSION)
-		*inout_version = EMM_BACKEND_INTERFACE_VERSION;
-	*ret_table = &vmm_backend;
-	return 0;
+	return emm_bk_negotiate(inout_version, ret_table, &vmm_backend, 2);
 }
