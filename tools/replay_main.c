@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "allocator/heap_options.h"
 #include "common/compiler.h"
 #include "config/options.h"
 #include "emm/emm_version.h"
@@ -54,35 +55,6 @@ struct setting {
 	struct emm_options opts;
 	struct replay_setup setup;
 };
-
-static void heap_params_from(const struct emm_options *o, struct emm_heap_params *p)
-{
-	/* As process/state.c's st_heap_params does for libemm itself. */
-	emm_heap_params_default(p);
-	p->small_max = o->small_size;
-	p->small_segment = o->small_segment;
-	p->large_segment = o->large_segment;
-	p->large_round = o->large_round;
-	p->max_split = o->max_split;
-	p->roundup_divisions = o->roundup_divisions;
-	p->release_threshold = o->release_threshold;
-	p->oom_retry = o->oom_retry;
-	switch (o->free_mode) {
-	case EMM_OPT_FREE_STRICT:
-		p->free_mode = EMM_FREE_MODE_STRICT;
-		break;
-	case EMM_OPT_FREE_STREAM:
-		p->free_mode = EMM_FREE_MODE_STREAM;
-		break;
-	case EMM_OPT_FREE_FENCE:
-	default:
-		p->free_mode = EMM_FREE_MODE_FENCE;
-		break;
-	}
-	p->epoch_max_blocks = o->epoch_blocks;
-	p->epoch_max_bytes = o->epoch_bytes;
-	p->arenas = o->arenas;
-}
 
 /* Options that only matter inside a CUDA process. */
 static bool no_effect_on_replay(int id)
@@ -171,7 +143,7 @@ static int setting_parse(const char *text, struct setting *s, char *buf, size_t 
 			return -EINVAL;
 		}
 	}
-	heap_params_from(&s->opts, &s->setup.params);
+	emm_heap_params_from_options(&s->opts, &s->setup.params);
 	s->setup.backend = strcmp(s->opts.backend, "driver") == 0 ? "hostsim" : s->opts.backend;
 	s->setup.backend_options = s->opts.backend_options;
 	return 0;
