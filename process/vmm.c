@@ -34,6 +34,9 @@
  * running work, and neither would the real ones (tests/bench/RESULTS.md
  * section 7), so making them real later is never less safe.
  *
+ * Making deferred operations real is vmm_defer.c's; fences, idle buffers
+ * and the reaper vmm_idle.c's; the lookup tables vmm_table.c's.
+ *
  * Locks: vmm_lock (a leaf) over everything here; no driver call under it.
  */
 #include <errno.h>
@@ -44,8 +47,6 @@
 #include "common/log.h"
 #include "process/process_internal.h"
 #include "process/vmm_internal.h"
-
-#define BATCH_MAX 16
 
 enum emm_vmm_mode_value emm_vmm_mode(void)
 {
@@ -112,159 +113,17 @@ static bool access_equal(const struct vbuf *v, const CUmemAccessDesc *desc, size
 	return true;
 }
 
-/* What libemm holds physically: everything, access once the program set it. */
-static unsigned physical(const struct vbuf *v)
-{
-	return L_RESERVED | L_CREATED | L_MAPPED | (v->access_set ? L_ACCESS : 0);
-}
-
-static bool consistent(const struct vbuf *v)
-{
-	return v->l == physical(v);
-}
-
 /* A live vbuf whose free may be deferred. */
 static bool deferrable(const struct vbuf *v)
 {
 	return !v->nocache && v->access_set && v->list == VB_NONE && !st_is_exiting();
 }
 
-/* --- batches: vbufs taken under the lock, made real after it ------------- */
-
-struct batch {
-	struct vbuf *v[BATCH_MAX];
-	unsigned n;
-};
-
-static void batch_take(struct batch *b, struct vbuf *v)
-{
-	if (v->busy || b->n == BATCH_MAX)
-		return; /* someone else is at it; or later (the reaper) */
-	v->busy = true;
-	vmm_list_del_locked(v);
-	b->v[b->n++] = v;
-}
-
-static void batch_run(struct batch *b)
-{
-	for (unsigned i = 0; i < b->n; i++)
-		vmm_materialize(b->v[i]);
-	b->n = 0;
-}
-
-/* Rule (a): this thread's pending deferrals, but `keep`, are made real by
- * any other VMM call it makes. */
-static void take_own_pending(struct batch *b, const struct vbuf *keep)
-{
-	uint64_t self = vmm_thread_id();
-
-	for (struct vbuf *v = vmm_pending_head_locked(), *next; v; v = next) {
-		next = v->next;
-		if (v != keep && v->owner == self)
-			batch_take(b, v);
-	}
-}
-
-/* Wait until nothing the call names is busy. */
-static void wait_unbusy(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAllocationHandle h)
-{
-	for (;;) {
-		struct vbuf *v, *hv = has_handle ? vmm_handle_find(h) : NULL;
-		bool busy = hv && hv->busy;
-		size_t pos = SIZE_MAX;
-
-		while (!busy && va && (v = vmm_va_next_overlap(va, size, &pos)) != NULL)
-			busy = v->busy;
-		if (!busy)
-			return;
-		pthread_cond_wait(&vmm_busy_cond, &vmm_lock);
-	}
-}
-
-/* Take what the call touches: every vbuf it names (`all`), or only those
- * whose physical state differs from the program's view. */
-static void take_touched(struct batch *b, CUdeviceptr va, size_t size, bool has_handle,
-                         CUmemGenericAllocationHandle h, bool all)
-{
-	struct vbuf *v;
-	size_t pos = SIZE_MAX;
-
-	while (va && (v = vmm_va_next_overlap(va, size, &pos)) != NULL)
-		if (all || !consistent(v))
-			batch_take(b, v);
-	if (has_handle && (v = vmm_handle_find(h)) != NULL && (all || !consistent(v)))
-		batch_take(b, v);
-}
-
-/* The common prologue of a call the driver answers. */
-static void pass_prologue(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAllocationHandle h, bool all)
-{
-	struct batch b = {.n = 0};
-
-	if (!vmm_tracked())
-		return;
-	st_lock(&vmm_lock);
-	wait_unbusy(va, size, has_handle, h);
-	take_own_pending(&b, NULL);
-	take_touched(&b, va, size, has_handle, h, all);
-	st_unlock(&vmm_lock);
-	batch_run(&b);
-}
-
-/* --- making deferred operations real ------------------------------------- */
-
-static void real_call(const char *what, CUresult r, const struct vbuf *v)
-{
-	if (r != CUDA_SUCCESS)
-		emm_debug("%s of the VMM buffer %#llx (%zu bytes) failed (%d)", what, (unsigned long long)v->va,
-		          v->size, (int)r);
-}
-
-void vmm_materialize(struct vbuf *v)
-{
-	const struct emm_real_vmm_table *vm = emm_real_vmm();
-	unsigned p = physical(v), l = v->l;
-	struct emm_fence_ops ops;
-
-	st_assert_unlocked("making a deferred VMM operation real");
-	if (p != l && vm->cuMemUnmap && vm->cuMemMap && vm->cuMemRelease && vm->cuMemAddressFree) {
-		if ((p & L_MAPPED) && !(l & L_MAPPED)) {
-			real_call("cuMemUnmap", vm->cuMemUnmap(v->va, v->size), v);
-		} else if ((l & L_MAPPED) && !(l & L_ACCESS) && (p & L_ACCESS)) {
-			/* Mapped again by the program but without its access yet:
-			 * a fresh mapping has none. */
-			real_call("cuMemUnmap", vm->cuMemUnmap(v->va, v->size), v);
-			real_call("cuMemMap", vm->cuMemMap(v->va, v->size, 0, v->handle, 0), v);
-		}
-		if (!(l & L_CREATED))
-			real_call("cuMemRelease", vm->cuMemRelease(v->handle), v);
-		if (!(l & L_RESERVED))
-			real_call("cuMemAddressFree", vm->cuMemAddressFree(v->va, v->size), v);
-		vmm_count(l ? VC_MATERIALIZED : VC_IDLE_RELEASED, v->device, 1);
-	}
-	if (v->nfences) {
-		emm_fence_ops_init(v->pool, &ops);
-		for (unsigned i = 0; i < v->nfences; i++)
-			ops.release(ops.ctx, v->fences[i]);
-		v->nfences = 0;
-	}
-	st_lock(&vmm_lock);
-	vmm_va_remove(v);
-	vmm_handle_remove(v);
-	if (l & L_RESERVED)
-		vmm_resv_add(v->va, v->size);
-	if (l & L_CREATED)
-		vmm_hnd_add(v->handle, v->size, &v->prop, false);
-	pthread_cond_broadcast(&vmm_busy_cond);
-	st_unlock(&vmm_lock);
-	free(v);
-}
-
 /* --- the calls ----------------------------------------------------------- */
 
 int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long long flags, CUdeviceptr *ret_va)
 {
-	struct batch b = {.n = 0};
+	struct vmm_batch b = {.n = 0};
 	struct vbuf *hit = NULL;
 	CUdeviceptr va = 0;
 	CUcontext ctx;
@@ -283,18 +142,18 @@ int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long l
 			if (v->owner == self && !v->busy && v->l == L_CREATED && v->size == size &&
 			    !(align && v->va % align))
 				mine = v;
-		take_own_pending(&b, mine);
+		vmm_take_own_pending(&b, mine);
 		if (mine) {
 			mine->l |= L_RESERVED;
 			va = mine->va;
 			st_unlock(&vmm_lock);
-			batch_run(&b);
+			vmm_batch_run(&b);
 			*ret_va = va;
 			return 1;
 		}
 		hit = vmm_idle_take_locked(size, align, ctx, NULL);
 	} else {
-		take_own_pending(&b, NULL);
+		vmm_take_own_pending(&b, NULL);
 	}
 	if (hit) {
 		hit->l = L_RESERVED;
@@ -306,7 +165,7 @@ int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long l
 		va = hit->va;
 	}
 	st_unlock(&vmm_lock);
-	batch_run(&b);
+	vmm_batch_run(&b);
 	if (!hit)
 		return 0;
 	*ret_va = va;
@@ -325,7 +184,7 @@ void emm_vmm_reserve_done(CUdeviceptr va, size_t size, CUdeviceptr addr, unsigne
 int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long long flags,
                    CUmemGenericAllocationHandle *ret_handle)
 {
-	struct batch b = {.n = 0};
+	struct vmm_batch b = {.n = 0};
 	struct vbuf *hit = NULL;
 	CUmemGenericAllocationHandle h = 0;
 	uint64_t self = vmm_thread_id();
@@ -341,7 +200,7 @@ int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long l
 			if (v->owner == self && !v->busy && v->l == L_RESERVED && v->size == size &&
 			    vmm_prop_equal(prop, &v->prop))
 				hit = v;
-	take_own_pending(&b, hit);
+	vmm_take_own_pending(&b, hit);
 	if (hit) {
 		hit->l |= L_CREATED;
 	} else if (ret_handle && prop && !flags && !st_is_exiting()) {
@@ -363,7 +222,7 @@ int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long l
 		device = hit->device;
 	}
 	st_unlock(&vmm_lock);
-	batch_run(&b);
+	vmm_batch_run(&b);
 	if (!hit)
 		return 0;
 	vmm_count(VC_ALLOCS, device, 1);
@@ -393,25 +252,25 @@ void emm_vmm_create_done(CUmemGenericAllocationHandle handle, size_t size, const
 int emm_vmm_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                 unsigned long long flags)
 {
-	struct batch b = {.n = 0};
+	struct vmm_batch b = {.n = 0};
 	struct vbuf *v;
 	bool served = false;
 
 	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
-	wait_unbusy(va, size, true, handle);
+	vmm_wait_unbusy(va, size, true, handle);
 	v = vmm_handle_find(handle);
 	if (v && v->owner == vmm_thread_id() && v->list == VB_PENDING && v->l == (L_RESERVED | L_CREATED) &&
 	    v->va == va && v->size == size && !offset && !flags) {
 		v->l |= L_MAPPED;
 		served = true;
 	}
-	take_own_pending(&b, served ? v : NULL);
+	vmm_take_own_pending(&b, served ? v : NULL);
 	if (!served)
-		take_touched(&b, va, size, true, handle, true);
+		vmm_take_touched(&b, va, size, true, handle, true);
 	st_unlock(&vmm_lock);
-	batch_run(&b);
+	vmm_batch_run(&b);
 	if (served)
 		trace(EMM_TRACE_ALLOCATE, va, size);
 	return served;
@@ -460,14 +319,14 @@ void emm_vmm_map_done(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAl
 
 int emm_vmm_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count)
 {
-	struct batch b = {.n = 0};
+	struct vmm_batch b = {.n = 0};
 	struct vbuf *v;
 	bool served = false;
 
 	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
-	wait_unbusy(va, size, false, 0);
+	vmm_wait_unbusy(va, size, false, 0);
 	v = vmm_va_find(va);
 	if (v && v->owner == vmm_thread_id() && v->list == VB_PENDING &&
 	    v->l == (L_RESERVED | L_CREATED | L_MAPPED) && v->size == size && access_equal(v, desc, count)) {
@@ -475,11 +334,11 @@ int emm_vmm_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc,
 		vmm_list_del_locked(v); /* live again */
 		served = true;
 	}
-	take_own_pending(&b, NULL);
+	vmm_take_own_pending(&b, NULL);
 	if (!served)
-		take_touched(&b, va, size, false, 0, false);
+		vmm_take_touched(&b, va, size, false, 0, false);
 	st_unlock(&vmm_lock);
-	batch_run(&b);
+	vmm_batch_run(&b);
 	return served;
 }
 
@@ -511,14 +370,14 @@ void emm_vmm_set_access_done(CUdeviceptr va, size_t size, const CUmemAccessDesc 
 
 int emm_vmm_unmap(CUdeviceptr va, size_t size)
 {
-	struct batch b = {.n = 0};
+	struct vmm_batch b = {.n = 0};
 	struct vbuf *v;
 	bool served = false;
 
 	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
-	wait_unbusy(va, size, false, 0);
+	vmm_wait_unbusy(va, size, false, 0);
 	v = vmm_va_find(va);
 	if (v && v->size == size && (v->l & (L_MAPPED | L_ACCESS)) == (L_MAPPED | L_ACCESS) && deferrable(v)) {
 		v->l &= ~(L_MAPPED | L_ACCESS);
@@ -527,11 +386,11 @@ int emm_vmm_unmap(CUdeviceptr va, size_t size)
 		vmm_reaper_kick_locked();
 		served = true;
 	}
-	take_own_pending(&b, served ? v : NULL);
+	vmm_take_own_pending(&b, served ? v : NULL);
 	if (!served)
-		take_touched(&b, va, size, false, 0, true);
+		vmm_take_touched(&b, va, size, false, 0, true);
 	st_unlock(&vmm_lock);
-	batch_run(&b);
+	vmm_batch_run(&b);
 	if (served)
 		trace(EMM_TRACE_FREE, va, size);
 	return served;
@@ -553,7 +412,7 @@ static void went_idle_locked(struct vbuf *v, struct vbuf **ret)
 
 int emm_vmm_release(CUmemGenericAllocationHandle handle)
 {
-	struct batch b = {.n = 0};
+	struct vmm_batch b = {.n = 0};
 	struct vbuf *v, *idle = NULL;
 	bool served = false;
 	int device = -1;
@@ -561,7 +420,7 @@ int emm_vmm_release(CUmemGenericAllocationHandle handle)
 	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
-	wait_unbusy(0, 0, true, handle);
+	vmm_wait_unbusy(0, 0, true, handle);
 	v = vmm_handle_find(handle);
 	if (v && (v->l & L_CREATED) && !v->nocache && v->access_set && !st_is_exiting() &&
 	    (v->list == VB_NONE || (v->list == VB_PENDING && !(v->l & L_MAPPED)))) {
@@ -572,11 +431,11 @@ int emm_vmm_release(CUmemGenericAllocationHandle handle)
 			went_idle_locked(v, &idle);
 		served = true;
 	}
-	take_own_pending(&b, served ? v : NULL);
+	vmm_take_own_pending(&b, served ? v : NULL);
 	if (!served)
-		take_touched(&b, 0, 0, true, handle, true);
+		vmm_take_touched(&b, 0, 0, true, handle, true);
 	st_unlock(&vmm_lock);
-	batch_run(&b);
+	vmm_batch_run(&b);
 	if (idle)
 		vmm_make_idle(idle);
 	if (served)
@@ -600,14 +459,14 @@ void emm_vmm_release_done(CUmemGenericAllocationHandle handle, bool ok)
 
 int emm_vmm_address_free(CUdeviceptr va, size_t size)
 {
-	struct batch b = {.n = 0};
+	struct vmm_batch b = {.n = 0};
 	struct vbuf *v, *idle = NULL;
 	bool served = false;
 
 	if (!cache_on() || !vmm_tracked())
 		return 0;
 	st_lock(&vmm_lock);
-	wait_unbusy(va, size, false, 0);
+	vmm_wait_unbusy(va, size, false, 0);
 	v = vmm_va_find(va);
 	/* Pending with its mapping gone: an unmap was deferred. */
 	if (v && v->size == size && v->list == VB_PENDING && (v->l & L_RESERVED) && !(v->l & L_MAPPED) &&
@@ -618,11 +477,11 @@ int emm_vmm_address_free(CUdeviceptr va, size_t size)
 			went_idle_locked(v, &idle);
 		served = true;
 	}
-	take_own_pending(&b, served ? v : NULL);
+	vmm_take_own_pending(&b, served ? v : NULL);
 	if (!served)
-		take_touched(&b, va, size, false, 0, true);
+		vmm_take_touched(&b, va, size, false, 0, true);
 	st_unlock(&vmm_lock);
-	batch_run(&b);
+	vmm_batch_run(&b);
 	if (idle)
 		vmm_make_idle(idle);
 	return served;
@@ -646,7 +505,7 @@ void emm_vmm_touch(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAll
 
 	if (!cache_on())
 		return;
-	pass_prologue(va, size, has_handle, handle, false);
+	vmm_pass_prologue(va, size, has_handle, handle, false);
 	if (!pin)
 		return;
 	st_lock(&vmm_lock);
@@ -667,7 +526,7 @@ void emm_vmm_imported(CUmemGenericAllocationHandle handle)
 
 void emm_vmm_flush_pending(void)
 {
-	struct batch b = {.n = 0};
+	struct vmm_batch b = {.n = 0};
 	unsigned taken;
 
 	if (!cache_on() || !vmm_tracked())
@@ -676,10 +535,10 @@ void emm_vmm_flush_pending(void)
 		st_lock(&vmm_lock);
 		for (struct vbuf *v = vmm_pending_head_locked(), *next; v; v = next) {
 			next = v->next;
-			batch_take(&b, v);
+			vmm_batch_take(&b, v);
 		}
 		st_unlock(&vmm_lock);
 		taken = b.n;
-		batch_run(&b);
-	} while (taken == BATCH_MAX);
+		vmm_batch_run(&b);
+	} while (taken == VMM_BATCH_MAX);
 }

@@ -169,4 +169,40 @@ void vmm_count(enum vmm_counter which, int device, uint64_t n);
 
 #pragma GCC visibility pop
 
+
+/* --- vmm_defer.c: batches of vbufs made real after vmm_lock ------------- */
+
+#define VMM_BATCH_MAX 16
+
+struct vmm_batch {
+	struct vbuf *v[VMM_BATCH_MAX];
+	unsigned n;
+};
+
+/* What libemm holds physically: everything, access once the program set it. */
+static inline unsigned vmm_physical(const struct vbuf *v)
+{
+	return L_RESERVED | L_CREATED | L_MAPPED | (v->access_set ? L_ACCESS : 0);
+}
+
+static inline bool vmm_consistent(const struct vbuf *v)
+{
+	return v->l == vmm_physical(v);
+}
+
+/* Take v into the batch (unless busy or the batch is full); lock held. */
+void vmm_batch_take(struct vmm_batch *b, struct vbuf *v);
+/* Make the batch real; no lock held. */
+void vmm_batch_run(struct vmm_batch *b);
+/* Rule (a): this thread's pending deferrals, but `keep`; lock held. */
+void vmm_take_own_pending(struct vmm_batch *b, const struct vbuf *keep);
+/* Wait until nothing the call names is busy; lock held (dropped while waiting). */
+void vmm_wait_unbusy(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAllocationHandle h);
+/* Take what a call touches: every vbuf it names (`all`), or those whose
+ * physical state differs from the program's view; lock held. */
+void vmm_take_touched(struct vmm_batch *b, CUdeviceptr va, size_t size, bool has_handle,
+                      CUmemGenericAllocationHandle h, bool all);
+/* The prologue of a call the driver answers; no lock held. */
+void vmm_pass_prologue(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAllocationHandle h, bool all);
+
 #endif
