@@ -300,12 +300,12 @@ void st_atexit_again(void)
 		(void)atexit(state_atexit);
 }
 
+static atomic_bool stats_printed;
+
 static void state_atexit(void)
 {
 	/* Registered up to MAX_ATEXIT times (see above): the first call to run
 	 * prints the statistics, every call flushes the trace. */
-	static atomic_bool stats_printed;
-
 	atomic_store(&st_exiting, true);
 	if (st_opts && st_opts->stats && !atomic_exchange(&stats_printed, true))
 		emm_stats_print_exit();
@@ -315,5 +315,10 @@ static void state_atexit(void)
 __attribute__((destructor)) static void state_destructor(void)
 {
 	atomic_store(&st_exiting, true);
+	/* EMM_STATS=1 prints even when no CUDA call reached libemm (no exit
+	 * handler was registered then): the table says so. */
+	if (!atomic_load(&stats_printed) && (st_opts ? st_opts : emm_options_get())->stats &&
+	    !atomic_exchange(&stats_printed, true))
+		emm_stats_print_exit();
 	emm_trace_close();
 }

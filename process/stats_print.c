@@ -10,6 +10,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -19,6 +20,7 @@
 #include "emm/emm_version.h"
 #include "allocator/trace.h"
 #include "process/process.h"
+#include "process/process_internal.h"
 #include "process/process_internal.h"
 
 void emm_state_stats_snapshot(int device, struct emm_stats *out)
@@ -145,6 +147,21 @@ void emm_stats_print_exit(void)
 	struct devices_arg d = {0};
 	uint64_t c[EMM_COUNT__COUNT];
 	char label[16];
+
+	/* Say so when there is nothing to tabulate, so that "nothing to serve"
+	 * is never mistaken for "libemm was not loaded". */
+	if (!atomic_load(&st_init_done)) {
+		emm_info("statistics (libemm %s): loaded; no CUDA call reached it: 0 allocations served, 0 calls "
+		         "passed by",
+		         EMM_VERSION_STRING);
+		return;
+	}
+	if (!st_enabled) {
+		emm_info("statistics (libemm %s): off (EMM_DISABLE or no usable backend): every call went to the "
+		         "driver uncounted",
+		         EMM_VERSION_STRING);
+		return;
+	}
 
 	emm_state_for_each_heap(note_device, &d, false);
 	emm_info("statistics (libemm %s, backend %s)", EMM_VERSION_STRING, emm_state_backend_name());
