@@ -11,6 +11,25 @@
 #define EMM_UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define EMM_UNUSED __attribute__((unused))
 #define EMM_PRINTF(f, a) __attribute__((format(printf, f, a)))
+/*
+ * No sanitizer instrumentation in this function: for code that a sanitizer
+ * runtime reaches before it is initialised (its start-up looks up the real
+ * functions with dlsym, which is libemm's). Expands to nothing in the
+ * ordinary build, so the code generated there is unchanged.
+ */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define EMM_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || __has_feature(undefined_behavior_sanitizer)
+#define EMM_SANITIZED 1
+#endif
+#endif
+#if defined(EMM_SANITIZED)
+#define EMM_NO_SANITIZE __attribute__((no_sanitize("address", "undefined", "thread")))
+#else
+#define EMM_NO_SANITIZE
+#endif
+
 #define EMM_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Round x up to a multiple of align (a power of two). */

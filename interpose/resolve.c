@@ -257,7 +257,9 @@ void *emm_dlsym_explicit(void *handle, const char *name)
 	return dlsym_explicit(handle, name, __builtin_return_address(0));
 }
 
-EMM_EXPORT void *dlsym(void *handle, const char *name)
+/* No sanitizer instrumentation: a sanitizer runtime's start-up comes here
+ * (RTLD_NEXT) before it is ready, as to the assembly trampolines above. */
+EMM_EXPORT EMM_NO_SANITIZE void *dlsym(void *handle, const char *name)
 {
 	if (handle == RTLD_NEXT || handle == RTLD_DEFAULT)
 		return emm_real_dlsym_get()(handle, name);

@@ -44,7 +44,14 @@ static const char *const dlsym_versions[] = {
     "GLIBC_2.34", "GLIBC_2.2.5", "GLIBC_2.17", "GLIBC_2.0", "GLIBC_2.27",
 };
 
-emm_dlsym_fn emm_real_dlsym_get(void)
+/*
+ * Under a sanitizer this is the first libemm code to run: the runtime's
+ * start-up (__interception::GetFuncAddr) calls dlsym(RTLD_NEXT, ...), which
+ * is libemm's trampoline, before the runtime can serve instrumented code
+ * (ASan's shadow is not mapped yet). So it carries no instrumentation and
+ * touches nothing but emm_real_dlsym_ptr, dlsym_versions and dlvsym.
+ */
+EMM_NO_SANITIZE emm_dlsym_fn emm_real_dlsym_get(void)
 {
 	void *fn = __atomic_load_n(&emm_real_dlsym_ptr, __ATOMIC_ACQUIRE);
 

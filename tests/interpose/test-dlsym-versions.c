@@ -56,8 +56,9 @@ TEST_BEGIN(test_default_version)
 		expect_true(owned_by(p, "libemm"));
 	else
 		expect_true(owned_by(p, "libcuda.so"));
-	/* RTLD_NEXT through this reference: the caller is still us. */
-	expect_true(owned_by(dlsym(RTLD_NEXT, "strlen"), "libc.so"));
+	/* RTLD_NEXT through this reference: the caller is still us. (getpagesize:
+	 * a libc function no sanitizer runtime intercepts, unlike strlen.) */
+	expect_true(owned_by(dlsym(RTLD_NEXT, "getpagesize"), "libc.so"));
 }
 TEST_END
 
@@ -76,7 +77,7 @@ TEST_BEGIN(test_old_version)
 		expect_true(owned_by(p, "libcuda.so"));
 	/* Both references name the same function. */
 	expect_ptr_eq(p, dlsym(h, "cuMemAlloc_v2"));
-	expect_true(owned_by(dlsym_old(RTLD_NEXT, "strlen"), "libc.so"));
+	expect_true(owned_by(dlsym_old(RTLD_NEXT, "getpagesize"), "libc.so"));
 	if (strcmp(mode, "ref") == 0)
 		expect_true(owned_by((void *)dlsym_old, "libc.so"));
 	else

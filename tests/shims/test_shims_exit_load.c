@@ -282,6 +282,15 @@ static int run_child(const char *self, const char *mode, unsigned ms, const char
 	return 0;
 }
 
+/* Every delay and variant is run this many times; a sanitized child runs
+ * several times slower (ThreadSanitizer's over two minutes for 12), so the
+ * sanitized passes repeat each one less often. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define EXIT_LOAD_REPS 3
+#else
+#define EXIT_LOAD_REPS 12
+#endif
+
 int main(int argc, char **argv)
 {
 	static const unsigned delays[] = {0, 1, 3, 10};
@@ -304,7 +313,7 @@ int main(int argc, char **argv)
 	variants[0] = NULL;
 	variants[1] = "EMM_STATS=1";
 	variants[2] = log_env;
-	for (int rep = 0; rep < 12; rep++)
+	for (int rep = 0; rep < EXIT_LOAD_REPS; rep++)
 		for (size_t d = 0; d < sizeof(delays) / sizeof(delays[0]); d++)
 			for (int v = 0; v < 3; v++) {
 				runs += 2;

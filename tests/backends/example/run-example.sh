@@ -46,5 +46,5 @@ esac
 "$cc" -std=c11 -Wall -Wextra -Werror -shared -fPIC -fvisibility=hidden $cflags \
 	-o "$tmp/libexample-backend.so" "$src" || fail "the example does not compile against the installed header"
 
-env LD_LIBRARY_PATH="$fakecuda" LD_PRELOAD="$libemm" EMM_BACKEND="$tmp/libexample-backend.so" \
+env LD_LIBRARY_PATH="$fakecuda" LD_PRELOAD="${EMM_TEST_PRELOAD_FIRST:-}$libemm" EMM_BACKEND="$tmp/libexample-backend.so" \
 	"$prog" example "$tmp/libexample-backend.so"
