@@ -405,17 +405,8 @@ static int async_segment_free(void *state, uint64_t addr, size_t size, uint64_t 
 static int async_mem_info(void *state, size_t *ret_free, size_t *ret_total)
 {
 	struct async_state *st = state;
-	size_t free_bytes = 0, total_bytes = 0;
-	CUresult res;
 
-	res = st->mem_get_info(&free_bytes, &total_bytes);
-	if (res != CUDA_SUCCESS)
-		return async_error(st->host, st->device, "cuMemGetInfo_v2", 0, res);
-	if (ret_free)
-		*ret_free = free_bytes;
-	if (ret_total)
-		*ret_total = total_bytes;
-	return 0;
+	return emm_bk_mem_info(st->host, EMM_BACKEND_LOG_DEBUG, "async", st->device, st->mem_get_info, ret_free, ret_total);
 }
 
 /* Memory the pool keeps beyond what segments use goes back to the device,

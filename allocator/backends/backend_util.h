@@ -2,7 +2,7 @@
 /*
  * allocator/backends/backend_util.h - what every built-in backend shares:
  * a log line through the host, a failed driver call as an errno, and the
- * version negotiation of emm_backend_get. Header-only and static inline,
+ * version negotiation of emm_backend_get, the mem_info method. Header-only and static inline,
  * because each backend also builds alone as its own .so (only
  * emm_backend_get is exported). Out-of-tree backends use
  * include/emm/emm_backend.h alone (tests/backends/example/).
@@ -47,6 +47,24 @@ static inline int emm_bk_error(const struct emm_backend_host *host, enum emm_bac
 	emm_bk_log(host, level, "%s backend: %s(%zu) on device %d failed with CUresult %d", backend, what, size,
 	           device, (int)res);
 	return res == CUDA_ERROR_NOT_SUPPORTED ? -ENOTSUP : -EIO;
+}
+
+/* The mem_info method over cuMemGetInfo_v2 (`get`): 0 and the bytes, or
+ * the call's failure as emm_bk_error maps it; outputs untouched then. */
+static inline int emm_bk_mem_info(const struct emm_backend_host *host, enum emm_backend_log_level level,
+                                  const char *backend, int device, CUresult (*get)(size_t *, size_t *),
+                                  size_t *ret_free, size_t *ret_total)
+{
+	size_t free_bytes = 0, total_bytes = 0;
+	CUresult res = get(&free_bytes, &total_bytes);
+
+	if (res != CUDA_SUCCESS)
+		return emm_bk_error(host, level, backend, device, "cuMemGetInfo_v2", 0, res);
+	if (ret_free)
+		*ret_free = free_bytes;
+	if (ret_total)
+		*ret_total = total_bytes;
+	return 0;
 }
 
 /* The body of emm_backend_get: methods are only appended, so `table`

@@ -130,17 +130,8 @@ static int driver_segment_free(void *state, uint64_t addr, size_t size, uint64_t
 static int driver_mem_info(void *state, size_t *ret_free, size_t *ret_total)
 {
 	struct driver_state *st = state;
-	size_t free_bytes = 0, total_bytes = 0;
-	CUresult res;
 
-	res = st->mem_get_info(&free_bytes, &total_bytes);
-	if (res != CUDA_SUCCESS)
-		return driver_error(st, "cuMemGetInfo_v2", 0, res);
-	if (ret_free)
-		*ret_free = free_bytes;
-	if (ret_total)
-		*ret_total = total_bytes;
-	return 0;
+	return emm_bk_mem_info(st->host, EMM_BACKEND_LOG_DEBUG, "driver", st->device, st->mem_get_info, ret_free, ret_total);
 }
 
 static int driver_host_segment_alloc(void *state, size_t size, unsigned flags, uint64_t *ret_addr)

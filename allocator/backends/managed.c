@@ -161,17 +161,8 @@ static int managed_segment_free(void *state, uint64_t addr, size_t size, uint64_
 static int managed_mem_info(void *state, size_t *ret_free, size_t *ret_total)
 {
 	struct managed_state *st = state;
-	size_t free_bytes = 0, total_bytes = 0;
-	CUresult res;
 
-	res = st->mem_get_info(&free_bytes, &total_bytes);
-	if (res != CUDA_SUCCESS)
-		return managed_error(st, "cuMemGetInfo_v2", 0, res);
-	if (ret_free)
-		*ret_free = free_bytes;
-	if (ret_total)
-		*ret_total = total_bytes;
-	return 0;
+	return emm_bk_mem_info(st->host, EMM_BACKEND_LOG_DEBUG, "managed", st->device, st->mem_get_info, ret_free, ret_total);
 }
 
 static const struct emm_backend managed_backend = {

@@ -461,16 +461,8 @@ static int vmm_segment_free(void *state, uint64_t addr, size_t size, uint64_t st
 static int vmm_mem_info(void *state, size_t *ret_free, size_t *ret_total)
 {
 	struct vmm_state *st = state;
-	size_t f = 0, t = 0;
-	CUresult res = st->mem_get_info(&f, &t);
 
-	if (res != CUDA_SUCCESS)
-		return vmm_error(st, "cuMemGetInfo_v2", 0, res);
-	if (ret_free)
-		*ret_free = f;
-	if (ret_total)
-		*ret_total = t;
-	return 0;
+	return emm_bk_mem_info(st->host, EMM_BACKEND_LOG_WARNING, "vmm", st->device, st->mem_get_info, ret_free, ret_total);
 }
 
 static int vmm_granularity(void *state, size_t *ret)
