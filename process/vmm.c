@@ -119,6 +119,19 @@ static bool deferrable(const struct vbuf *v)
 	return !v->nocache && v->access_set && v->list == VB_NONE && !st_is_exiting();
 }
 
+/* An idle buffer (taken by vmm_idle_take_locked) now on its way back to
+ * this thread's program: the first step `l` of the sequence seen, the
+ * rest pending. Lock held. */
+static void claim_idle_locked(struct vbuf *v, unsigned l)
+{
+	v->l = l;
+	v->owner = vmm_thread_id();
+	v->busy = false;
+	vmm_list_add_locked(v, VB_PENDING);
+	vmm_reaper_kick_locked();
+	pthread_cond_broadcast(&vmm_busy_cond);
+}
+
 /* --- the calls ----------------------------------------------------------- */
 
 int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long long flags, CUdeviceptr *ret_va)
@@ -156,12 +169,7 @@ int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long l
 		vmm_take_own_pending(&b, NULL);
 	}
 	if (hit) {
-		hit->l = L_RESERVED;
-		hit->owner = vmm_thread_id();
-		hit->busy = false;
-		vmm_list_add_locked(hit, VB_PENDING);
-		vmm_reaper_kick_locked();
-		pthread_cond_broadcast(&vmm_busy_cond);
+		claim_idle_locked(hit, L_RESERVED);
 		va = hit->va;
 	}
 	st_unlock(&vmm_lock);
@@ -208,14 +216,8 @@ int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long l
 		 * buffer of this size and these properties; the same thread's
 		 * cuMemAddressReserve then takes its range. */
 		hit = vmm_idle_take_locked(size, 0, ctx, prop);
-		if (hit) {
-			hit->l = L_CREATED;
-			hit->owner = self;
-			hit->busy = false;
-			vmm_list_add_locked(hit, VB_PENDING);
-			vmm_reaper_kick_locked();
-			pthread_cond_broadcast(&vmm_busy_cond);
-		}
+		if (hit)
+			claim_idle_locked(hit, L_CREATED);
 	}
 	if (hit) {
 		h = hit->handle;
