@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * bench-shims: alloc/free pairs through libemm's driver shims over the
+ * test-double driver (tests/fakecuda), on 1..N threads: the whole hot path a
+ * program pays (shim, context lookup, guard, heap, block map, statistics),
+ * the device replaced by host memory. Run it with LD_PRELOAD=libemm.so and
+ * the fake's folder first in LD_LIBRARY_PATH (tests/bench/run-shims.sh).
+ *
+ *   bench-shims [--pattern ws|lifo] [--api sync|async] [--threads 1,2,4]
+ *               [--pairs N] [--size BYTES]
+ *
+ * Patterns (the GPU's tests/gpu/bench_threads.cu does the same on a GPU):
+ *   ws   - every thread keeps 64 live buffers of random sizes (256 B - 8 MiB,
+ *          log-uniform, per-thread seed) and per iteration frees one at
+ *          random and allocates one of a new random size
+ *   lifo - allocate --size bytes (64 KiB) and free it at once
+ * APIs: sync (cuMemAlloc_v2/cuMemFree_v2) or async (cuMemAllocAsync/
+ * cuMemFreeAsync on a per-thread non-blocking stream).
+ *
+ * Prints per thread count: million pairs per second (all threads), and the
+ * driver calls per pair that reached the fake in the timed section (the
+ * shims' own calls subtracted: context lookup, events, segments). With
+ * --threads 1 and two values of --pairs under `valgrind --tool=callgrind`,
+ * the difference of the instruction counts over the difference of the pairs
+ * is the instructions per pair (run-shims.sh does it).
+ */
+#include <cuda.h>
+#include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "fakecuda.h"
+
+#define LIVE 64
+
+static bool async_api, lifo;
+static size_t lifo_size = 64 << 10;
+static unsigned long long pairs_per_thread = 200000;
+static CUcontext g_ctx;
+static atomic_int go;
+
+/* Driver calls the shims make on their own behalf (counted per pair). */
+static const char *const counted[] = {
+	"cuCtxGetId", "cuCtxGetCurrent", "cuEventRecord", "cuEventRecordWithFlags", "cuEventQuery",
+	"cuEventCreate", "cuEventDestroy_v2", "cuStreamWaitEvent", "cuMemAlloc_v2", "cuMemFree_v2",
+	"cuStreamGetCaptureInfo_v3", "cuStreamIsCapturing", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
+};
+#define NCOUNTED (sizeof(counted) / sizeof(counted[0]))
+
+static double now_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t xorshift(uint64_t *s)
+{
+	uint64_t x = *s;
+	x ^= x << 13;
+	x ^= x >> 7;
+	x ^= x << 17;
+	return *s = x;
+}
+
+static size_t random_size(uint64_t *rng)
+{
+	double u = (double)(xorshift(rng) >> 11) * (1.0 / 9007199254740992.0);
+	return (size_t)exp(log(256.0) + u * (log(8.0 * 1024 * 1024) - log(256.0)));
+}
+
+struct worker {
+	pthread_t tid;
+	int id;
+	bool ok;
+};
+
+static bool do_alloc(CUdeviceptr *p, size_t n, CUstream s)
+{
+	return (async_api ? cuMemAllocAsync(p, n, s) : cuMemAlloc(p, n)) == CUDA_SUCCESS;
+}
+
+static bool do_free(CUdeviceptr p, CUstream s)
+{
+	return (async_api ? cuMemFreeAsync(p, s) : cuMemFree(p)) == CUDA_SUCCESS;
+}
+
+static void *worker_main(void *arg)
+{
+	struct worker *w = arg;
+	CUstream s = NULL;
+	CUdeviceptr live[LIVE];
+	uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1);
+	bool ok = cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS;
+
+	if (async_api)
+		ok = ok && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
+	if (!lifo)
+		for (int i = 0; ok && i < LIVE; i++)
+			ok = do_alloc(&live[i], random_size(&rng), s);
+	atomic_fetch_add(&go, 1);
+	while (atomic_load(&go) > 0)
+		;
+	for (unsigned long long i = 0; ok && i < pairs_per_thread; i++) {
+		if (lifo) {
+			CUdeviceptr p;
+			ok = do_alloc(&p, lifo_size, s) && do_free(p, s);
+		} else {
+			unsigned k = (unsigned)(xorshift(&rng) % LIVE);
+			ok = do_free(live[k], s) && do_alloc(&live[k], random_size(&rng), s);
+		}
+	}
+	if (!lifo)
+		for (int i = 0; i < LIVE; i++)
+			(void)do_free(live[i], s);
+	if (s)
+		cuStreamDestroy(s);
+	w->ok = ok;
+	return NULL;
+}
+
+static int run(unsigned nthreads)
+{
+	struct worker *w = calloc(nthreads, sizeof(*w));
+	uint64_t before[NCOUNTED];
+	double t0, t1;
+
+	if (!w)
+		return 1;
+	atomic_store(&go, 0);
+	for (unsigned i = 0; i < nthreads; i++) {
+		w[i].id = (int)i;
+		if (pthread_create(&w[i].tid, NULL, worker_main, &w[i]))
+			return 1;
+	}
+	while (atomic_load(&go) < (int)nthreads)
+		;
+	for (unsigned i = 0; i < NCOUNTED; i++)
+		before[i] = fakecuda_calls(counted[i]);
+	t0 = now_s();
+	atomic_store(&go, -1);
+	for (unsigned i = 0; i < nthreads; i++)
+		pthread_join(w[i].tid, NULL);
+	t1 = now_s();
+	double pairs = (double)pairs_per_thread * nthreads;
+	int bad = 0;
+	for (unsigned i = 0; i < nthreads; i++)
+		bad += !w[i].ok;
+	printf("%-4s %-5s threads %2u: %8.3f M pairs/s, %7.1f ns per pair per thread; driver calls per pair:",
+	       lifo ? "lifo" : "ws", async_api ? "async" : "sync", nthreads, pairs / (t1 - t0) / 1e6,
+	       (t1 - t0) * 1e9 * nthreads / pairs);
+	for (unsigned i = 0; i < NCOUNTED; i++) {
+		uint64_t d = fakecuda_calls(counted[i]) - before[i];
+		if (d)
+			printf(" %s %.4f", counted[i], (double)d / pairs);
+	}
+	printf("%s\n", bad ? " (FAILED CALLS)" : "");
+	free(w);
+	return bad != 0;
+}
+
+int main(int argc, char **argv)
+{
+	char threads[256] = "1,2,4";
+	CUdevice dev;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--pattern") && i + 1 < argc)
+			lifo = !strcmp(argv[++i], "lifo");
+		else if (!strcmp(argv[i], "--api") && i + 1 < argc)
+			async_api = !strcmp(argv[++i], "async");
+		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
+			snprintf(threads, sizeof(threads), "%s", argv[++i]);
+		else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
+			pairs_per_thread = strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--size") && i + 1 < argc)
+			lifo_size = (size_t)strtoull(argv[++i], NULL, 0);
+		else {
+			fprintf(stderr, "usage: %s [--pattern ws|lifo] [--api sync|async] [--threads 1,2,4] "
+			                "[--pairs N] [--size BYTES]\n", argv[0]);
+			return 2;
+		}
+	}
+	if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
+	    cuDevicePrimaryCtxRetain(&g_ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) {
+		fprintf(stderr, "driver setup failed\n");
+		return 1;
+	}
+	int rc = 0;
+	for (char *save = NULL, *t = strtok_r(threads, ",", &save); t; t = strtok_r(NULL, ",", &save))
+		rc |= run((unsigned)strtoul(t, NULL, 10));
+	return rc;
+}
