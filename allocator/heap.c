@@ -121,8 +121,7 @@ int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_
 	if (EMM_UNLIKELY(!rounded))
 		return -EOVERFLOW;
 	pool = rounded <= p->small_max ? POOL_SMALL : POOL_LARGE;
-	return arena_alloc(pool == POOL_SMALL ? thread_arena(heap) : heap->arenas[0], pool, rounded, size,
-	                   stream, ret_addr);
+	return arena_alloc(thread_arena(heap), pool, rounded, size, stream, ret_addr);
 }
 
 int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)

@@ -82,8 +82,8 @@ struct emm_heap_params {
 	size_t epoch_max_bytes;	     /* ... or this many bytes (64 MiB) */
 	bool host_accessible;	     /* the host touches the blocks (pinned memory): reuse waits for every
 				      * fence event to complete, even with no non-blocking stream alive */
-	unsigned arenas;	     /* small-pool arenas, threads spread over them (0: one per CPU, <= 8;
-				      * rounded down to a power of two); the large pool is shared */
+	unsigned arenas;	     /* arenas, threads spread over them (0: one per CPU, <= 64;
+				      * rounded down to a power of two); both pools per arena */
 };
 
 /* Where segments come from: a backend instance, seen through two calls. */

@@ -82,8 +82,6 @@ static int check_locked(struct arena *h)
 
 		CHECK(s->live && s->arena == h, "segment 0x%llx not live or of another arena",
 		      (unsigned long long)s->base);
-		CHECK(s->pool == POOL_SMALL || h == h->owner->arenas[0],
-		      "large-pool segment 0x%llx outside arena 0", (unsigned long long)s->base);
 		CHECK(s->next == NULL || s->next->prev == s, "segment list links disagree at 0x%llx",
 		      (unsigned long long)s->base);
 		CHECK(emm_segmap_find(s->base, &base, &size, &value) == 0 && base == s->base &&

@@ -146,9 +146,9 @@ static const char *const vmm_names[] = {
 	  "Cache pinned host allocations (cuMemHostAlloc, cuMemAllocHost)")                           \
 	X(RUNTIME_SHIMS, runtime_shims, BOOL, B(true), "", NOLIMIT,                                   \
 	  "Serve cudaMalloc and cudaFree of shared-cudart programs directly")                         \
-	/* 0: one arena per CPU, at most 8, rounded down to a power of two. */                        \
+	/* 0: one arena per CPU, at most 64, rounded down to a power of two. */                        \
 	X(ARENAS, arenas, UINT, U(0), "", RANGE(0, 64),                                               \
-	  "Small-pool arenas per heap that threads spread over (0: one per CPU, at most 8)")          \
+	  "Arenas per heap that threads spread over (0: one per CPU, at most 64)")          \
 	X(TEARDOWN_WAIT, teardown_wait, UINT, U(2000), "ms", RANGE(0, 600000),                        \
 	  "How long a context teardown waits for threads still inside libemm; past it their heaps "   \
 	  "are left to them, not freed")                                                              \

@@ -61,7 +61,7 @@ struct emm_options {
 	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
-	unsigned arenas;	   /* EMM_ARENAS: small-pool arenas per heap (0: one per CPU, <= 8) */
+	unsigned arenas;	   /* EMM_ARENAS: arenas per heap (0: one per CPU, <= 64) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
 };
