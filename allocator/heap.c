@@ -57,6 +57,33 @@ static inline struct arena *thread_arena(const struct emm_heap *heap)
 	return heap->arenas[thread_slot() & (heap->narenas - 1)];
 }
 
+struct arena *emm_heap_thread_arena(const struct emm_heap *heap)
+{
+	return thread_arena(heap);
+}
+
+/* Put taken block b in the block map and hand it out; on failure it is
+ * free again at once (never handed out, never used). */
+static int publish(struct arena *h, struct emm_block *b, emm_addr_t addr, emm_stream_t stream,
+                   emm_addr_t *ret_addr)
+{
+	int r = emm_blockmap_insert(addr, b);
+
+	if (EMM_UNLIKELY(r)) {
+		if (r == -EEXIST)
+			emm_error("block 0x%llx already in the block map", (unsigned long long)addr);
+		arena_lock(h);
+		untake_accounting(h, b);
+		h->st.allocs--;
+		h->st.frees--;
+		emm_pool_block_ready(h, b, stream);
+		arena_unlock(h);
+		return -ENOMEM;
+	}
+	*ret_addr = addr;
+	return 0;
+}
+
 /* --- allocate and free ---------------------------------------------------- */
 
 static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
@@ -86,23 +113,8 @@ static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t si
 	arena_unlock_release(h);
 	if (r)
 		return r;
-
 insert:
-	r = emm_blockmap_insert(addr, b);
-	if (EMM_UNLIKELY(r)) {
-		if (r == -EEXIST)
-			emm_error("block 0x%llx already in the block map", (unsigned long long)addr);
-		/* Never handed out, never used: ready again at once. */
-		arena_lock(h);
-		untake_accounting(h, b);
-		h->st.allocs--;
-		h->st.frees--;
-		emm_pool_block_ready(h, b, stream);
-		arena_unlock(h);
-		return -ENOMEM;
-	}
-	*ret_addr = addr;
-	return 0;
+	return publish(h, b, addr, stream, ret_addr);
 }
 
 int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
@@ -121,6 +133,9 @@ int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_
 	if (EMM_UNLIKELY(!rounded))
 		return -EOVERFLOW;
 	pool = rounded <= p->small_max ? POOL_SMALL : POOL_LARGE;
+	struct emm_block *b;
+	if (heap->tcache && emm_tcache_alloc(heap, pool, rounded, size, stream, &b))
+		return publish(b->seg->arena, b, b->addr, stream, ret_addr);
 	return arena_alloc(thread_arena(heap), pool, rounded, size, stream, ret_addr);
 }
 
@@ -135,6 +150,12 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 	if (EMM_UNLIKELY(!b))
 		return emm_segmap_find(addr, NULL, NULL, NULL) == 0 ? -EINVAL : -ENOENT;
 	h = b->seg->arena;
+	requested = b->requested;
+	if (stream == EMM_STREAM_SYNC && h->p.free_mode != EMM_FREE_MODE_STRICT && emm_tcache_free(b)) {
+		if (ret_requested)
+			*ret_requested = requested;
+		return 0;
+	}
 
 	if (stream == EMM_STREAM_SYNC && h->p.free_mode == EMM_FREE_MODE_STRICT && h->has_fence &&
 	    h->fops.device_synchronize) {
@@ -143,7 +164,6 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 	}
 
 	arena_lock(h);
-	requested = b->requested;
 	untake_accounting(h, b);
 	if (stream != EMM_STREAM_SYNC) {
 		emm_pool_block_ready(h, b, stream);
@@ -409,6 +429,7 @@ int emm_heap_create_paged(const struct emm_heap_params *params, const struct emm
 	while (heap->narenas * 2 <= n)
 		heap->narenas *= 2;
 	heap->device = device;
+	heap->tcache = params->thread_cache;
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		heap->arenas[i] = arena_create(heap, params, src, pages, fence);
 		if (!heap->arenas[i]) {
@@ -418,6 +439,7 @@ int emm_heap_create_paged(const struct emm_heap_params *params, const struct emm
 			return -ENOMEM;
 		}
 	}
+	emm_tcache_heap_created(heap);
 	*ret_heap = heap;
 	return 0;
 }
@@ -426,6 +448,7 @@ void emm_heap_destroy(emm_heap_t *heap, bool release_segments)
 {
 	if (!heap)
 		return;
+	emm_tcache_heap_destroyed(heap);
 	for (unsigned i = 0; i < heap->narenas; i++)
 		arena_destroy(heap->arenas[i], release_segments);
 	free(heap);
@@ -437,6 +460,7 @@ int emm_heap_flush(emm_heap_t *heap)
 
 	if (!heap)
 		return -EINVAL;
+	emm_tcache_sync(heap, true);
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
 		arena_lock(h);
@@ -480,6 +504,10 @@ long long emm_heap_release_idle(emm_heap_t *heap, size_t keep)
 
 	if (!heap)
 		return -EINVAL;
+	/* This thread's cache now; every other thread's at its next use. */
+	emm_tcache_sync(heap, true);
+	if (heap->tcache)
+		emm_tcache_flush_all();
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
 		arena_lock(h);

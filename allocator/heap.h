@@ -84,6 +84,8 @@ struct emm_heap_params {
 				      * fence event to complete, even with no non-blocking stream alive */
 	unsigned arenas;	     /* arenas, threads spread over them (0: one per CPU, <= 64;
 				      * rounded down to a power of two); both pools per arena */
+	bool thread_cache;	     /* a per-thread front cache for synchronous frees (heap_tcache.c):
+				      * recently freed blocks reused without a lock; default false */
 };
 
 /* Where segments come from: a backend instance, seen through two calls. */

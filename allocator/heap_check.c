@@ -127,8 +127,9 @@ static int check_locked(struct arena *h)
 				      (unsigned long long)prev->addr, (unsigned long long)b->addr);
 				ready[b->pool]++;
 				break;
+			case BLOCK_TCACHED: /* in a thread cache (heap_tcache.c) */
 			case BLOCK_RESERVED:
-				CHECK(!emm_tree_node_linked(&b->node), "reserved block 0x%llx in a tree",
+				CHECK(!emm_tree_node_linked(&b->node), "reserved or cached block 0x%llx in a tree",
 				      (unsigned long long)b->addr);
 				break;
 			case BLOCK_PENDING:

@@ -254,15 +254,61 @@ static void fence_enqueue(struct arena *h, struct emm_fence *f)
  * published. 0 (closed, or nothing to close), -EBUSY (a capture forbids
  * recording: the epoch stays open), or another negative errno.
  */
+static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct emm_block **ret_ready);
+
 int emm_heap_close_epoch(struct arena *h)
 {
-	struct emm_fence *ep = h->open, *next_open;
+	return close_fence(h, h->open, false, NULL);
+}
+
+/* A thread cache's epoch (heap_tcache.c): `list` (linked through link,
+ * accounted as freed) becomes a fence of its own; see heap_internal.h. */
+int emm_heap_close_blocks(struct arena *h, struct emm_block *list, struct emm_block **ret_ready)
+{
+	struct emm_fence *ep = emm_heap_fence_new(h);
+	struct emm_block *next;
+	int r;
+
+	*ret_ready = NULL;
+	if (!ep) {
+		/* No memory for a fence: the shared open epoch takes them. */
+		for (; list; list = next) {
+			next = list->link;
+			pending_add(h, h->open, list);
+		}
+		return -ENOMEM;
+	}
+	emm_heap_fence_reset(ep);
+	for (; list; list = next) {
+		next = list->link;
+		pending_add(h, ep, list);
+	}
+	/* The shared open epoch joins: one event for both. */
+	emm_heap_fence_move(h, h->open, ep);
+	r = close_fence(h, ep, true, ret_ready);
+	if (r) {
+		/* Not closed (capture, failed record): they wait in the open epoch. */
+		emm_heap_fence_move(h, ep, h->open);
+		fence_put(h, ep);
+	}
+	return r;
+}
+
+/* Close fence ep: the open epoch (own false: a new open one replaces it) or
+ * a thread cache's own fence (own true: stays the caller's on failure).
+ * With ret_ready, the fast path hands the blocks back through link
+ * (state BLOCK_TCACHED, no longer pending) instead of making them ready. */
+static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct emm_block **ret_ready)
+{
+	struct emm_fence *next_open = NULL;
 	unsigned n, gen, phase, i;
 	int r = 0;
 
 	if (ep->nblocks == 0 && h->orphans[0]->nblocks == 0)
-		return 0;
+		return own ? -ENOENT : 0;
 	if (!h->has_fence) {
+		if (own)
+			return -EINVAL;
 		h->st.epochs_closed++;
 		fence_release_blocks(h, ep);
 		return 0;
@@ -273,21 +319,26 @@ int emm_heap_close_epoch(struct arena *h)
 		if (f_capturing(h, h->nb[i]))
 			return -EBUSY;
 	n = 1 + h->nb_count;
-	next_open = emm_heap_fence_new(h);
-	if (!next_open)
-		return -ENOMEM;
+	if (!own) {
+		next_open = emm_heap_fence_new(h);
+		if (!next_open)
+			return -ENOMEM;
+	}
 	r = fence_reserve(ep, n);
 	if (r) {
-		fence_put(h, next_open);
+		if (next_open)
+			fence_put(h, next_open);
 		return r;
 	}
-	emm_heap_fence_reset(next_open);
 	ep->targets[0] = EMM_STREAM_LEGACY;
 	for (i = 0; i < h->nb_count; i++)
 		ep->targets[1 + i] = h->nb[i];
 	emm_heap_fence_move(h, h->orphans[0], ep);
 	gen = h->nb_gen;
-	h->open = next_open;
+	if (!own) {
+		emm_heap_fence_reset(next_open);
+		h->open = next_open;
+	}
 	busy_add(h, ep);
 	phase = emm_heap_inflight_enter(h);
 	arena_unlock_release(h);
@@ -305,6 +356,8 @@ int emm_heap_close_epoch(struct arena *h)
 	busy_del(h, ep);
 	emm_heap_inflight_leave(h, phase);
 	if (r) {
+		if (own)
+			return r; /* the caller moves the blocks */
 		/* Nothing recorded: the blocks wait in the open epoch again. */
 		emm_heap_fence_move(h, ep, h->open);
 		fence_put(h, ep);
@@ -326,7 +379,24 @@ int emm_heap_close_epoch(struct arena *h)
 		 * measured on the H200). */
 		set_last_fence(h, ep->events[0], NULL);
 		ep->nevents = 0;
-		fence_release_blocks(h, ep);
+		if (ret_ready) {
+			struct emm_block *b = ep->blocks, *bn;
+			for (; b; b = bn) {
+				bn = b->link;
+				h->st.pending -= b->size;
+				b->state = BLOCK_TCACHED;
+				b->fence = NULL;
+				b->stream = 0;
+				b->link = *ret_ready;
+				*ret_ready = b;
+			}
+			ep->blocks = NULL;
+			ep->nblocks = 0;
+			ep->bytes = 0;
+			ep->max_size[0] = ep->max_size[1] = 0;
+		} else {
+			fence_release_blocks(h, ep);
+		}
 		fence_put(h, ep);
 		return 0;
 	}

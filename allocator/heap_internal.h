@@ -5,7 +5,9 @@
  * heap_fence.c, heap_stream.c, heap_oom.c, heap_stats.c, heap_check.c), the
  * small inline helpers of the alloc/free path, and the prototypes those
  * files call across each other.
- * Nothing outside allocator/heap*.c includes it.
+ * Nothing outside allocator/heap*.c includes it. In front of the arenas
+ * sits each thread's cache (heap_tcache.c): blocks in it are BLOCK_TCACHED,
+ * in no tree and no fence, reached only by that thread until it flushes.
  *
  * Data structures (all per arena, under its mutex):
  *   - segments: what the source gave, in a doubly linked list; each holds
@@ -82,6 +84,8 @@ enum block_state {
 	BLOCK_READY,
 	BLOCK_PENDING,
 	BLOCK_RESERVED, /* a steal candidate, out of its tree while its fence op runs */
+	BLOCK_TCACHED,  /* free, in one thread's cache (heap_tcache.c): in no tree, reached by no
+	                 * other thread until that cache is flushed */
 };
 
 struct emm_segment;
@@ -215,6 +219,8 @@ struct arena {
 struct emm_heap {
 	unsigned narenas; /* a power of two */
 	int device;
+	bool tcache;  /* params.thread_cache: synchronous frees go through thread caches */
+	uint64_t uid; /* unique per heap of the process, for the thread caches */
 	struct arena *arenas[MAX_ARENAS];
 	/* Heap-wide bytes for the peaks (per-arena peaks do not add up):
 	 * reserved exactly (segments change rarely); allocated and requested
@@ -546,6 +552,42 @@ emm_stream_t emm_heap_fence_target(const struct arena *h, emm_stream_t s);
 /* Close the open epoch: 0, -EBUSY (capture: stays open), or -errno. Lock
  * held; dropped around the records. */
 int emm_heap_close_epoch(struct arena *h);
+
+/* Close a thread cache's epoch: the blocks of `list` (linked through link,
+ * already accounted as freed, in no fence) and those of the open epoch
+ * become one fence of their own, recorded like the open epoch (orphans of blocking streams join it). On
+ * the fast path (no live non-blocking stream; see emm_heap_close_epoch)
+ * they come back at once in *ret_ready (state BLOCK_TCACHED, ready-any
+ * for the caller's cache); otherwise the fence is queued in the arena, or
+ * on failure (-EBUSY under capture, -errno) the blocks join the open epoch.
+ * Lock held; dropped around the records. */
+int emm_heap_close_blocks(struct arena *h, struct emm_block *list, struct emm_block **ret_ready);
+
+/* --- heap_tcache.c: the per-thread front cache --------------------------- */
+
+/* The arena the calling thread allocates from in `heap` (heap.c). */
+struct arena *emm_heap_thread_arena(const struct emm_heap *heap);
+
+/* Serve an allocation from the calling thread's cache: the block (live,
+ * accounted in the thread's counters) in *ret, or false. No lock. */
+bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size_t size,
+                      emm_stream_t stream, struct emm_block **ret);
+/* A synchronous free (not strict) of live block b, out of the block map:
+ * true if the calling thread's cache took it. No lock on the hot path. */
+bool emm_tcache_free(struct emm_block *b);
+/* Give the calling thread's cached blocks of arena h back to it (OOM
+ * retry). Lock held. */
+void emm_tcache_flush_locked(struct arena *h);
+/* The calling thread's cache of `heap`: everything back (flush true), or
+ * only its counters (stats: returns the bytes pending in its epoch, which
+ * the arena does not count). No lock held. */
+size_t emm_tcache_sync(struct emm_heap *heap, bool flush);
+/* Heap lifecycle: a uid for a new heap; a heap about to be destroyed (every
+ * thread's cache forgets its blocks); every cache to flush at its next use
+ * (trim). */
+void emm_tcache_heap_created(struct emm_heap *heap);
+void emm_tcache_heap_destroyed(struct emm_heap *heap);
+void emm_tcache_flush_all(void);
 
 /* Move completed fences' blocks to ready-any; true if any became ready.
  * Lock held; dropped around the queries. */

@@ -23,6 +23,9 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 {
 	if (!heap || !out)
 		return;
+	/* The calling thread's cache: its counters, its epoch's bytes (other
+	 * threads' come with their next epoch close or flush). */
+	out->pending_bytes += emm_tcache_sync(heap, false);
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
 		arena_lock(h);

@@ -62,6 +62,7 @@ struct emm_options {
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
 	unsigned arenas;	   /* EMM_ARENAS: arenas per heap (0: one per CPU, <= 64) */
+	bool thread_cache;	   /* EMM_THREAD_CACHE: per-thread front cache (on) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
 };
@@ -89,6 +90,7 @@ enum emm_option_id {
 	EMM_OPT_PINNED,
 	EMM_OPT_RUNTIME_SHIMS,
 	EMM_OPT_ARENAS,
+	EMM_OPT_THREAD_CACHE,
 	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT_VMM,
 	EMM_OPT__COUNT

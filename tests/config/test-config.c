@@ -178,6 +178,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_PINNED=0",
 		"EMM_RUNTIME_SHIMS=NO",
 		"EMM_ARENAS=4",
+		"EMM_THREAD_CACHE=off",
 		"EMM_TEARDOWN_WAIT=250",
 		"EMM_VMM=Count",
 		NULL,
@@ -211,6 +212,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.pinned);
 	expect_false(p.o.runtime_shims);
 	expect_int_eq(p.o.arenas, 4);
+	expect_false(p.o.thread_cache);
 	expect_int_eq(p.o.vmm, EMM_OPT_VMM_COUNT);
 	for (int i = 0; i < EMM_OPT__COUNT; i++)
 		expect_int_eq(p.src[i], EMM_OPTION_ENV);
@@ -226,7 +228,7 @@ TEST_BEGIN(test_option_names)
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",	 "TEARDOWN_WAIT", "VMM",
+		"ARENAS",	 "THREAD_CACHE", "TEARDOWN_WAIT", "VMM",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 

@@ -1,0 +1,432 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/heap_tcache.c - the per-thread front cache (jemalloc's tcache,
+ * mimalloc's thread-local free lists): blocks a thread freed with a
+ * synchronous free, reused by its next allocations without a lock or a
+ * shared atomic write. Only for heaps created with params.thread_cache.
+ *
+ * Each thread has one cache, bound to one heap (and its arena of that heap)
+ * at a time; it holds only blocks of that arena (a block freed by another
+ * thread than its allocator's goes the shared way). Two lists:
+ *
+ *   - pending: freed, not yet reusable (fence mode): the thread's own epoch.
+ *     After half the epoch quota (blocks or bytes) it is closed in one
+ *     arena lock (emm_heap_close_blocks): one event on the legacy stream,
+ *     exactly as the shared open epoch closes, whose blocks join it (so
+ *     every synchronous free still counts towards an epoch close). With no live non-blocking
+ *     stream the blocks come straight back, ready-any; otherwise the fence
+ *     stays in the arena and they are reached through it like every other
+ *     epoch's blocks. So a block in a cache is reused only when it would be
+ *     reusable from the shared heap (DESIGN.md section 4): the fence rules
+ *     are the shared heap's, only the lock is gone.
+ *   - ready: ready-any blocks in bins by size class (4 per power of two,
+ *     512 B - 8 MiB), at most TC_BIN_MAX (32) per bin and TC_READY_MAX bytes in
+ *     all; an allocation takes a block of its class and pool at least its
+ *     size (so at most a quarter larger), live and unsplit. Blocks freed
+ *     with no fence ops or in stream mode are ready at once.
+ *
+ * Counters (allocations, frees, hits, bytes) are the thread's own and are
+ * added to the arena under its lock whenever the cache takes it (epoch
+ * close, flush) and when the thread reads statistics; the peaks carry the
+ * highest point reached in between, so one thread's peaks stay exact.
+ *
+ * Flushed (every block back to the arena: pending ones to its open epoch,
+ * ready ones ready-any in its trees) on thread exit, on an OOM retry of the
+ * thread, at emm_heap_flush and emm_heap_release_idle of the thread, when
+ * the thread moves to another heap, and at the next use of every other
+ * thread's cache after emm_heap_release_idle (a generation they compare,
+ * one shared read). A heap being destroyed bumps the generation too: a
+ * cache bound to a heap no longer registered forgets its blocks without
+ * touching them. In a fork child the forking thread's cache is forgotten.
+ */
+#include "allocator/heap_internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+
+#include "allocator/ptrmap.h"
+
+#define TC_CLASSES   64
+#define TC_BIN_MAX   32u
+#define TC_MAX_SIZE  ((size_t)8 << 20)
+#define TC_READY_MAX ((size_t)32 << 20)
+
+struct tc_delta {
+	uint64_t allocs, frees, hits;
+	int64_t live, allocated, requested;
+	int64_t allocated_max, requested_max; /* highest allocated/requested reached since the last apply */
+	uint64_t allocated_total, requested_total;
+};
+
+struct tcache {
+	struct emm_heap *heap; /* NULL: unbound */
+	uint64_t uid;
+	struct arena *arena;
+	uint64_t gen;
+	struct emm_block *bins[TC_CLASSES];
+	uint8_t nbin[TC_CLASSES];
+	size_t ready_bytes;
+	struct emm_block *pend;
+	unsigned npend;
+	size_t pend_bytes;
+	struct tc_delta d;
+};
+
+static _Thread_local struct tcache *tls_tc __attribute__((tls_model("initial-exec")));
+static atomic_uint_fast64_t tc_gen = 1;
+static atomic_uint_fast64_t heap_uid_next = 1;
+
+/* Live heaps (uid), for caches that find the generation changed. */
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct emm_heap **reg;
+static size_t reg_count, reg_cap;
+static pthread_once_t tc_once = PTHREAD_ONCE_INIT;
+static pthread_key_t tc_key;
+static bool tc_key_ok;
+
+static void tc_thread_exit(void *arg);
+
+static void tc_fork_child(void)
+{
+	/* The parent's heaps are the parent's: forget this thread's cache. */
+	if (tls_tc)
+		tls_tc->heap = NULL;
+	pthread_mutex_init(&reg_lock, NULL);
+	reg_count = 0;
+	atomic_fetch_add(&tc_gen, 1);
+}
+
+static void tc_init_once(void)
+{
+	tc_key_ok = pthread_key_create(&tc_key, tc_thread_exit) == 0;
+	pthread_atfork(NULL, NULL, tc_fork_child);
+}
+
+static bool reg_alive_locked(const struct emm_heap *heap, uint64_t uid)
+{
+	for (size_t i = 0; i < reg_count; i++)
+		if (reg[i] == heap)
+			return heap->uid == uid;
+	return false;
+}
+
+void emm_tcache_heap_created(struct emm_heap *heap)
+{
+	heap->uid = atomic_fetch_add(&heap_uid_next, 1);
+	if (!heap->tcache)
+		return;
+	pthread_once(&tc_once, tc_init_once);
+	pthread_mutex_lock(&reg_lock);
+	if (reg_count == reg_cap) {
+		size_t cap = reg_cap ? reg_cap * 2 : 8;
+		struct emm_heap **n = realloc(reg, cap * sizeof(*n));
+		if (!n) {
+			heap->tcache = false; /* no memory: this heap goes without */
+			pthread_mutex_unlock(&reg_lock);
+			return;
+		}
+		reg = n;
+		reg_cap = cap;
+	}
+	reg[reg_count++] = heap;
+	pthread_mutex_unlock(&reg_lock);
+}
+
+void emm_tcache_heap_destroyed(struct emm_heap *heap)
+{
+	if (!heap->tcache)
+		return;
+	pthread_mutex_lock(&reg_lock);
+	for (size_t i = 0; i < reg_count; i++) {
+		if (reg[i] == heap) {
+			reg[i] = reg[--reg_count];
+			break;
+		}
+	}
+	atomic_fetch_add(&tc_gen, 1);
+	pthread_mutex_unlock(&reg_lock);
+	if (tls_tc && tls_tc->heap == heap)
+		tls_tc->heap = NULL; /* forgotten: the memory goes with the heap */
+}
+
+void emm_tcache_flush_all(void)
+{
+	atomic_fetch_add(&tc_gen, 1);
+}
+
+/* 4 classes per power of two from 512 B. */
+static inline unsigned size_class(size_t size)
+{
+	unsigned k = 63u - (unsigned)__builtin_clzll((unsigned long long)size);
+	return (k - 9u) * 4u + (unsigned)((size >> (k - 2u)) & 3u);
+}
+
+/* Add the thread's counters to its arena. Lock held. */
+static void apply_delta(struct tcache *tc)
+{
+	struct arena *h = tc->arena;
+	struct tc_delta *d = &tc->d;
+
+	if (!d->allocs && !d->frees)
+		return;
+	h->st.allocs += d->allocs;
+	h->st.frees += d->frees;
+	h->st.hits += d->hits;
+	h->st.live_blocks += (uint64_t)d->live;
+	if (h->st.allocated + (uint64_t)d->allocated_max > h->st.allocated_peak)
+		h->st.allocated_peak = h->st.allocated + (uint64_t)d->allocated_max;
+	if (h->st.requested + (uint64_t)d->requested_max > h->st.requested_peak)
+		h->st.requested_peak = h->st.requested + (uint64_t)d->requested_max;
+	h->st.allocated += (uint64_t)d->allocated;
+	h->st.requested += (uint64_t)d->requested;
+	h->st.allocated_total += d->allocated_total;
+	h->st.requested_total += d->requested_total;
+	/* The heap-wide peak sees the highest point first, then the rest. */
+	stat_delta(h, d->allocated_max, d->requested_max);
+	stat_delta(h, d->allocated - d->allocated_max, d->requested - d->requested_max);
+	*d = (struct tc_delta){0};
+}
+
+/* Every block back to the arena (pending ones to its open epoch, closed by
+ * the next free or sync point) and the counters added. Lock held, never
+ * dropped. */
+static void flush_locked(struct tcache *tc)
+{
+	struct arena *h = tc->arena;
+	struct emm_block *b, *next;
+
+	apply_delta(tc);
+	for (b = tc->pend; b; b = next) {
+		next = b->link;
+		pending_add(h, h->open, b);
+	}
+	tc->pend = NULL;
+	tc->npend = 0;
+	tc->pend_bytes = 0;
+	for (unsigned c = 0; c < TC_CLASSES; c++) {
+		for (b = tc->bins[c]; b; b = next) {
+			next = b->link;
+			emm_pool_block_ready(h, b, 0);
+		}
+		tc->bins[c] = NULL;
+		tc->nbin[c] = 0;
+	}
+	tc->ready_bytes = 0;
+}
+
+/* No fence op here, nor in releasing garbage (left to the arena's next
+ * unlock): this runs at thread exit, outside libemm's guard, and under
+ * reg_lock, which a heap destroy takes. */
+static void flush(struct tcache *tc)
+{
+	arena_lock(tc->arena);
+	flush_locked(tc);
+	arena_unlock(tc->arena);
+}
+
+/* Unbind: flush into the heap if it is still registered, else forget. */
+static void unbind(struct tcache *tc)
+{
+	if (tc->heap) {
+		pthread_mutex_lock(&reg_lock);
+		if (reg_alive_locked(tc->heap, tc->uid))
+			flush(tc); /* a destroy waits for reg_lock: the heap stays */
+		pthread_mutex_unlock(&reg_lock);
+	}
+	/* Unbound (destroyed heap, fork child): the blocks are forgotten. */
+	*tc = (struct tcache){0};
+}
+
+static void tc_thread_exit(void *arg)
+{
+	struct tcache *tc = arg;
+
+	unbind(tc);
+	tls_tc = NULL;
+	free(tc);
+}
+
+/* Is tc bound to `heap` (not another heap at the same address), with no
+ * destroy or flush request since? */
+static inline bool tc_bound(const struct tcache *tc, const struct emm_heap *heap)
+{
+	return tc && tc->heap == heap && tc->gen == atomic_load_explicit(&tc_gen, memory_order_acquire) &&
+	       tc->uid == heap->uid;
+}
+
+/* The calling thread's cache, bound to `heap` and arena h; NULL without
+ * memory. A changed generation flushes (or forgets) what it holds. */
+static struct tcache *tc_get(struct emm_heap *heap, struct arena *h)
+{
+	struct tcache *tc = tls_tc;
+	uint64_t gen = atomic_load_explicit(&tc_gen, memory_order_acquire);
+
+	if (EMM_LIKELY(tc_bound(tc, heap) && tc->arena == h))
+		return tc;
+	if (!tc) {
+		pthread_once(&tc_once, tc_init_once);
+		if (!tc_key_ok || !(tc = calloc(1, sizeof(*tc))))
+			return NULL;
+		if (pthread_setspecific(tc_key, tc)) {
+			free(tc);
+			return NULL;
+		}
+		tls_tc = tc;
+	}
+	unbind(tc);
+	pthread_mutex_lock(&reg_lock);
+	bool alive = reg_alive_locked(heap, heap->uid);
+	pthread_mutex_unlock(&reg_lock);
+	if (!alive)
+		return NULL;
+	tc->heap = heap;
+	tc->uid = heap->uid;
+	tc->arena = h;
+	tc->gen = gen;
+	return tc;
+}
+
+bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size_t size,
+                      emm_stream_t stream, struct emm_block **ret)
+{
+	struct tcache *tc = tls_tc;
+
+	if (EMM_UNLIKELY(rounded > TC_MAX_SIZE))
+		return false;
+	if (EMM_UNLIKELY(!tc_bound(tc, heap))) {
+		if (tc && tc->heap)
+			unbind(tc); /* bound again at the thread's next free */
+		return false;
+	}
+	unsigned c = size_class(rounded);
+	struct emm_block **pp = &tc->bins[c], *b;
+	for (; (b = *pp); pp = &b->link)
+		if (b->size >= rounded && b->pool == pool)
+			break;
+	if (!b)
+		return false;
+	*pp = b->link;
+	tc->nbin[c]--;
+	tc->ready_bytes -= b->size;
+	b->state = BLOCK_LIVE;
+	b->link = NULL;
+	b->requested = size;
+	b->stream = stream;
+
+	struct tc_delta *d = &tc->d;
+	d->allocs++;
+	d->hits++;
+	d->live++;
+	d->allocated += (int64_t)b->size;
+	d->requested += (int64_t)size;
+	if (d->allocated > d->allocated_max)
+		d->allocated_max = d->allocated;
+	if (d->requested > d->requested_max)
+		d->requested_max = d->requested;
+	d->allocated_total += b->size;
+	d->requested_total += size;
+	*ret = b;
+	return true;
+}
+
+/* Put ready-any block b (state BLOCK_TCACHED) in its bin: false if full. */
+static inline bool bin_put(struct tcache *tc, struct emm_block *b)
+{
+	if (b->size > TC_MAX_SIZE)
+		return false;
+	unsigned c = size_class(b->size);
+
+	if (tc->nbin[c] >= TC_BIN_MAX || tc->ready_bytes + b->size > TC_READY_MAX)
+		return false;
+	b->state = BLOCK_TCACHED;
+	b->stream = 0;
+	b->link = tc->bins[c];
+	tc->bins[c] = b;
+	tc->nbin[c]++;
+	tc->ready_bytes += b->size;
+	return true;
+}
+
+/* Close the thread's epoch; its blocks come back to the bins if they can. */
+static void close_pending(struct tcache *tc)
+{
+	struct arena *h = tc->arena;
+	struct emm_block *ready = NULL, *b, *next;
+	struct emm_block *list = tc->pend;
+
+	tc->pend = NULL;
+	tc->npend = 0;
+	tc->pend_bytes = 0;
+	arena_lock(h);
+	apply_delta(tc);
+	emm_heap_close_blocks(h, list, &ready);
+	for (b = ready; b; b = next) {
+		next = b->link;
+		if (!bin_put(tc, b))
+			emm_pool_block_ready(h, b, 0);
+	}
+	arena_unlock_release(h);
+}
+
+bool emm_tcache_free(struct emm_block *b)
+{
+	struct arena *h = b->seg->arena;
+	struct emm_heap *heap = h->owner;
+	struct tcache *tc = tls_tc;
+
+	if (EMM_UNLIKELY(!heap->tcache || b->size > TC_MAX_SIZE))
+		return false;
+	if (EMM_UNLIKELY(!tc_bound(tc, heap) || tc->arena != h)) {
+		if (h != emm_heap_thread_arena(heap))
+			return false; /* another thread's arena: the shared way */
+		tc = tc_get(heap, h);
+		if (!tc)
+			return false;
+	}
+	bool fenced = h->has_fence && h->p.free_mode == EMM_FREE_MODE_FENCE;
+	struct tc_delta *d = &tc->d;
+	size_t size = b->size, requested = b->requested;
+
+	if (!fenced) {
+		if (!bin_put(tc, b))
+			return false;
+	} else {
+		b->state = BLOCK_TCACHED;
+		b->link = tc->pend;
+		tc->pend = b;
+		tc->npend++;
+		tc->pend_bytes += size;
+	}
+	d->frees++;
+	d->live--;
+	d->allocated -= (int64_t)size;
+	d->requested -= (int64_t)requested;
+	if (fenced && (tc->npend >= (h->p.epoch_max_blocks + 1) / 2 || tc->pend_bytes >= h->p.epoch_max_bytes / 2))
+		close_pending(tc);
+	return true;
+}
+
+void emm_tcache_flush_locked(struct arena *h)
+{
+	struct tcache *tc = tls_tc;
+
+	if (tc_bound(tc, h->owner) && tc->arena == h)
+		flush_locked(tc);
+}
+
+size_t emm_tcache_sync(struct emm_heap *heap, bool do_flush)
+{
+	struct tcache *tc = tls_tc;
+
+	if (!heap->tcache || !tc_bound(tc, heap))
+		return 0;
+	size_t pending = do_flush ? 0 : tc->pend_bytes;
+	arena_lock(tc->arena);
+	if (do_flush)
+		flush_locked(tc);
+	else
+		apply_delta(tc);
+	arena_unlock_release(tc->arena);
+	return pending;
+}
