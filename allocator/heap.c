@@ -225,7 +225,7 @@ int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret)
 			for (b = s->first; b && addr - b->addr >= b->size; b = b->next)
 				;
 		}
-		if (b && b->state == BLOCK_LIVE) {
+		if (b && b->state == BLOCK_LIVE && !atomic_load_explicit(&b->tcached, memory_order_acquire)) {
 			ret->base = b->addr;
 			ret->size = b->size;
 			ret->requested = b->requested;

@@ -51,6 +51,7 @@ int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t s
 	 * free then records one event per epoch_max_blocks/2 pairs (0.0625 at
 	 * the default 32, measured on the H200), while the memory parked in an
 	 * open epoch stays bounded by half the quota. */
+	emm_tcache_pressure_locked(h, rounded);
 	struct emm_fence *ep = h->open;
 	if (ep->max_size[pool] >= rounded && ep->nblocks >= (h->p.epoch_max_blocks + 1) / 2 &&
 	    emm_heap_close_epoch(h) == 0) {

@@ -112,6 +112,8 @@ static int check_locked(struct arena *h)
 				      (unsigned long long)b->addr);
 				CHECK(b->requested <= b->size, "live block 0x%llx: requested %zu > size %zu",
 				      (unsigned long long)b->addr, b->requested, b->size);
+				if (atomic_load_explicit(&b->tcached, memory_order_relaxed))
+					break; /* free, in a thread's cache */
 				allocated += b->size;
 				requested += b->requested;
 				live++;
@@ -127,9 +129,8 @@ static int check_locked(struct arena *h)
 				      (unsigned long long)prev->addr, (unsigned long long)b->addr);
 				ready[b->pool]++;
 				break;
-			case BLOCK_TCACHED: /* in a thread cache (heap_tcache.c) */
 			case BLOCK_RESERVED:
-				CHECK(!emm_tree_node_linked(&b->node), "reserved or cached block 0x%llx in a tree",
+				CHECK(!emm_tree_node_linked(&b->node), "reserved block 0x%llx in a tree",
 				      (unsigned long long)b->addr);
 				break;
 			case BLOCK_PENDING:

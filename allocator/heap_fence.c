@@ -297,7 +297,8 @@ int emm_heap_close_blocks(struct arena *h, struct emm_block *list, struct emm_bl
 /* Close fence ep: the open epoch (own false: a new open one replaces it) or
  * a thread cache's own fence (own true: stays the caller's on failure).
  * With ret_ready, the fast path hands the blocks back through link
- * (state BLOCK_TCACHED, no longer pending) instead of making them ready. */
+ * (state BLOCK_LIVE with tcached set: no longer pending) instead of making
+ * them ready. */
 static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct emm_block **ret_ready)
 {
 	struct emm_fence *next_open = NULL;
@@ -384,7 +385,8 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 			for (; b; b = bn) {
 				bn = b->link;
 				h->st.pending -= b->size;
-				b->state = BLOCK_TCACHED;
+				b->state = BLOCK_LIVE;
+				atomic_store_explicit(&b->tcached, 1, memory_order_relaxed);
 				b->fence = NULL;
 				b->stream = 0;
 				b->link = *ret_ready;

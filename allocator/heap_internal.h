@@ -6,8 +6,9 @@
  * small inline helpers of the alloc/free path, and the prototypes those
  * files call across each other.
  * Nothing outside allocator/heap*.c includes it. In front of the arenas
- * sits each thread's cache (heap_tcache.c): blocks in it are BLOCK_TCACHED,
- * in no tree and no fence, reached only by that thread until it flushes.
+ * sits each thread's cache (heap_tcache.c): blocks in it are LIVE with
+ * `tcached` set, in no tree and no fence, reached only by that thread
+ * until it flushes.
  *
  * Data structures (all per arena, under its mutex):
  *   - segments: what the source gave, in a doubly linked list; each holds
@@ -84,8 +85,6 @@ enum block_state {
 	BLOCK_READY,
 	BLOCK_PENDING,
 	BLOCK_RESERVED, /* a steal candidate, out of its tree while its fence op runs */
-	BLOCK_TCACHED,  /* free, in one thread's cache (heap_tcache.c): in no tree, reached by no
-	                 * other thread until that cache is flushed */
 };
 
 struct emm_segment;
@@ -103,6 +102,12 @@ struct emm_block {
 	emm_stream_t stream; /* READY: 0 (any) or S; LIVE: the allocation stream */
 	uint8_t state;
 	uint8_t pool;
+	/* Freed into a thread's cache (heap_tcache.c): in no tree and no fence,
+	 * reached by no other thread until that cache flushes. Its state stays
+	 * BLOCK_LIVE there (the cache never writes state without the lock; a
+	 * locked neighbour's merge sees a block that is not ready), and this
+	 * flag, written without the lock (relaxed), tells it from a live one. */
+	_Atomic uint8_t tcached;
 };
 
 struct emm_segment {
@@ -557,7 +562,7 @@ int emm_heap_close_epoch(struct arena *h);
  * already accounted as freed, in no fence) and those of the open epoch
  * become one fence of their own, recorded like the open epoch (orphans of blocking streams join it). On
  * the fast path (no live non-blocking stream; see emm_heap_close_epoch)
- * they come back at once in *ret_ready (state BLOCK_TCACHED, ready-any
+ * they come back at once in *ret_ready (state BLOCK_LIVE, tcached, ready-any
  * for the caller's cache); otherwise the fence is queued in the arena, or
  * on failure (-EBUSY under capture, -errno) the blocks join the open epoch.
  * Lock held; dropped around the records. */
@@ -575,6 +580,10 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 /* A synchronous free (not strict) of live block b, out of the block map:
  * true if the calling thread's cache took it. No lock on the hot path. */
 bool emm_tcache_free(struct emm_block *b);
+/* An arena miss of `rounded`: if the calling thread's epoch holds half the
+ * quota and a block that could serve it, its blocks join the open epoch
+ * (for the pressure rule to close). Lock held, never dropped. */
+void emm_tcache_pressure_locked(struct arena *h, size_t rounded);
 /* Give the calling thread's cached blocks of arena h back to it (OOM
  * retry). Lock held. */
 void emm_tcache_flush_locked(struct arena *h);

@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "allocator/ptrmap.h"
@@ -45,6 +46,7 @@ static struct emm_block *block_new(struct arena *h)
 	b->fence = NULL;
 	b->requested = 0;
 	b->stream = 0;
+	atomic_store_explicit(&b->tcached, 0, memory_order_relaxed);
 	emm_tree_node_clear(&b->node);
 	return b;
 }

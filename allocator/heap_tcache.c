@@ -10,10 +10,13 @@
  * thread than its allocator's goes the shared way). Two lists:
  *
  *   - pending: freed, not yet reusable (fence mode): the thread's own epoch.
- *     After half the epoch quota (blocks or bytes) it is closed in one
- *     arena lock (emm_heap_close_blocks): one event on the legacy stream,
+ *     After the epoch quota (EMM_EPOCH_BLOCKS or _BYTES) it is closed in
+ *     one arena lock (emm_heap_close_blocks): one event on the legacy stream,
  *     exactly as the shared open epoch closes, whose blocks join it (so
- *     every synchronous free still counts towards an epoch close). With no live non-blocking
+ *     every synchronous free still counts towards an epoch close). When the
+ *     arena misses and half the quota is pending with a block that could
+ *     serve the miss, the blocks join the shared open epoch, which the
+ *     arena's pressure rule then closes (emm_tcache_pressure_locked). With no live non-blocking
  *     stream the blocks come straight back, ready-any; otherwise the fence
  *     stays in the arena and they are reached through it like every other
  *     epoch's blocks. So a block in a cache is reused only when it would be
@@ -30,6 +33,9 @@
  * close, flush) and when the thread reads statistics; the peaks carry the
  * highest point reached in between, so one thread's peaks stay exact.
  *
+ * Heaps with a release threshold (EMM_RELEASE_THRESHOLD) free the shared
+ * way, where the threshold is checked at every free.
+ *
  * Flushed (every block back to the arena: pending ones to its open epoch,
  * ready ones ready-any in its trees) on thread exit, on an OOM retry of the
  * thread, at emm_heap_flush and emm_heap_release_idle of the thread, when
@@ -43,9 +49,9 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
-#include "allocator/ptrmap.h"
 
 #define TC_CLASSES   64
 #define TC_BIN_MAX   32u
@@ -69,7 +75,7 @@ struct tcache {
 	size_t ready_bytes;
 	struct emm_block *pend;
 	unsigned npend;
-	size_t pend_bytes;
+	size_t pend_bytes, pend_max; /* pend_max: the largest pending block */
 	struct tc_delta d;
 };
 
@@ -162,6 +168,12 @@ static inline unsigned size_class(size_t size)
 	return (k - 9u) * 4u + (unsigned)((size >> (k - 2u)) & 3u);
 }
 
+/* The block leaves the cache (lock held: it goes to the arena). */
+static inline void untc(struct emm_block *b)
+{
+	atomic_store_explicit(&b->tcached, 0, memory_order_relaxed);
+}
+
 /* Add the thread's counters to its arena. Lock held. */
 static void apply_delta(struct tcache *tc)
 {
@@ -199,14 +211,16 @@ static void flush_locked(struct tcache *tc)
 	apply_delta(tc);
 	for (b = tc->pend; b; b = next) {
 		next = b->link;
+		untc(b);
 		pending_add(h, h->open, b);
 	}
 	tc->pend = NULL;
 	tc->npend = 0;
-	tc->pend_bytes = 0;
+	tc->pend_bytes = tc->pend_max = 0;
 	for (unsigned c = 0; c < TC_CLASSES; c++) {
 		for (b = tc->bins[c]; b; b = next) {
 			next = b->link;
+			untc(b);
 			emm_pool_block_ready(h, b, 0);
 		}
 		tc->bins[c] = NULL;
@@ -309,10 +323,10 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 	*pp = b->link;
 	tc->nbin[c]--;
 	tc->ready_bytes -= b->size;
-	b->state = BLOCK_LIVE;
 	b->link = NULL;
 	b->requested = size;
 	b->stream = stream;
+	atomic_store_explicit(&b->tcached, 0, memory_order_release);
 
 	struct tc_delta *d = &tc->d;
 	d->allocs++;
@@ -330,7 +344,7 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 	return true;
 }
 
-/* Put ready-any block b (state BLOCK_TCACHED) in its bin: false if full. */
+/* Put ready-any block b (live, tcached) in its bin: false if full. */
 static inline bool bin_put(struct tcache *tc, struct emm_block *b)
 {
 	if (b->size > TC_MAX_SIZE)
@@ -339,8 +353,7 @@ static inline bool bin_put(struct tcache *tc, struct emm_block *b)
 
 	if (tc->nbin[c] >= TC_BIN_MAX || tc->ready_bytes + b->size > TC_READY_MAX)
 		return false;
-	b->state = BLOCK_TCACHED;
-	b->stream = 0;
+	atomic_store_explicit(&b->tcached, 1, memory_order_relaxed);
 	b->link = tc->bins[c];
 	tc->bins[c] = b;
 	tc->nbin[c]++;
@@ -357,14 +370,18 @@ static void close_pending(struct tcache *tc)
 
 	tc->pend = NULL;
 	tc->npend = 0;
-	tc->pend_bytes = 0;
+	tc->pend_bytes = tc->pend_max = 0;
 	arena_lock(h);
 	apply_delta(tc);
+	for (b = list; b; b = b->link)
+		untc(b);
 	emm_heap_close_blocks(h, list, &ready);
 	for (b = ready; b; b = next) {
 		next = b->link;
-		if (!bin_put(tc, b))
+		if (!bin_put(tc, b)) {
+			untc(b);
 			emm_pool_block_ready(h, b, 0);
+		}
 	}
 	arena_unlock_release(h);
 }
@@ -375,7 +392,8 @@ bool emm_tcache_free(struct emm_block *b)
 	struct emm_heap *heap = h->owner;
 	struct tcache *tc = tls_tc;
 
-	if (EMM_UNLIKELY(!heap->tcache || b->size > TC_MAX_SIZE))
+	/* A release threshold is checked at every free of the shared way. */
+	if (EMM_UNLIKELY(!heap->tcache || b->size > TC_MAX_SIZE || h->p.release_threshold != SIZE_MAX))
 		return false;
 	if (EMM_UNLIKELY(!tc_bound(tc, heap) || tc->arena != h)) {
 		if (h != emm_heap_thread_arena(heap))
@@ -392,19 +410,40 @@ bool emm_tcache_free(struct emm_block *b)
 		if (!bin_put(tc, b))
 			return false;
 	} else {
-		b->state = BLOCK_TCACHED;
+		atomic_store_explicit(&b->tcached, 1, memory_order_relaxed);
 		b->link = tc->pend;
 		tc->pend = b;
 		tc->npend++;
 		tc->pend_bytes += size;
+		if (size > tc->pend_max)
+			tc->pend_max = size;
 	}
 	d->frees++;
 	d->live--;
 	d->allocated -= (int64_t)size;
 	d->requested -= (int64_t)requested;
-	if (fenced && (tc->npend >= (h->p.epoch_max_blocks + 1) / 2 || tc->pend_bytes >= h->p.epoch_max_bytes / 2))
+	if (fenced && (tc->npend >= h->p.epoch_max_blocks || tc->pend_bytes >= h->p.epoch_max_bytes))
 		close_pending(tc);
 	return true;
+}
+
+void emm_tcache_pressure_locked(struct arena *h, size_t rounded)
+{
+	struct tcache *tc = tls_tc;
+	struct emm_block *b, *next;
+
+	if (!tc_bound(tc, h->owner) || tc->arena != h || tc->pend_max < rounded ||
+	    tc->npend < (h->p.epoch_max_blocks + 1) / 2)
+		return;
+	apply_delta(tc);
+	for (b = tc->pend; b; b = next) {
+		next = b->link;
+		untc(b);
+		pending_add(h, h->open, b);
+	}
+	tc->pend = NULL;
+	tc->npend = 0;
+	tc->pend_bytes = tc->pend_max = 0;
 }
 
 void emm_tcache_flush_locked(struct arena *h)

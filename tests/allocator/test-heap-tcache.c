@@ -19,7 +19,7 @@
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
 #define NB1 ((emm_stream_t)0x3000)
-#define N   16 /* half the default epoch quota (32): a thread's epoch closes */
+#define N   16 /* EMM_EPOCH_BLOCKS here: a thread's epoch closes after N frees */
 
 static struct fake_src src;
 static struct fake_fence fence;
@@ -35,6 +35,7 @@ static emm_heap_t *setup(bool with_fence, size_t capacity, enum emm_free_mode mo
 	p.arenas = 1;
 	p.thread_cache = true;
 	p.free_mode = mode;
+	p.epoch_max_blocks = N;
 	fake_src_init(&src, capacity);
 	fake_fence_init(&fence);
 	struct emm_segment_source s = fake_src_ops(&src);
@@ -102,6 +103,7 @@ TEST_BEGIN(test_reuse_after_the_thread_epoch_closes)
 		b = xalloc(h, 64 * KIB, 0);
 		expect_true(contains(a, N, b));
 	}
+	expect_u64_eq(fence.records - rec0, 1);
 	struct emm_stats st2 = heap_stats(h);
 	expect_u64_eq(st2.hits - st1.hits, N);
 	expect_u64_eq(st2.allocs - st1.allocs, N);
@@ -128,11 +130,11 @@ TEST_BEGIN(test_nonblocking_stream_waits_for_the_events)
 		xfree(a[i], 0);
 	/* Closed with an event on the legacy stream and one on NB1; until they
 	 * complete no block of it is handed out, from the cache or the arena. */
-	expect_u64_eq(fence.records, 2);
 	for (unsigned i = 0; i < N; i++) {
 		b[i] = xalloc(h, 64 * KIB, 0);
 		expect_false(contains(a, N, b[i]));
 	}
+	expect_u64_eq(fence.records, 2);
 	for (unsigned i = 0; i < N; i++)
 		xfree(b[i], 0);
 	fake_complete(&fence, 0);
@@ -142,6 +144,33 @@ TEST_BEGIN(test_nonblocking_stream_waits_for_the_events)
 	xfree(c, 0);
 	emm_heap_stream_destroyed(h, NB1);
 	fake_complete(&fence, 0);
+	teardown(h);
+}
+TEST_END
+
+TEST_BEGIN(test_pressure_closes_the_thread_epoch)
+{
+	/* One 2 MiB small segment and no room for another. */
+	emm_heap_t *h = setup(true, 2 * MIB, EMM_FREE_MODE_FENCE);
+	emm_addr_t a[32];
+	assert_ptr_not_null(h);
+
+	for (unsigned i = 0; i < 32; i++)
+		a[i] = xalloc(h, 64 * KIB, 0);
+	for (unsigned i = 0; i < N / 2; i++)
+		xfree(a[i], 0); /* half the quota, pending in the thread's epoch */
+	expect_u64_eq(fence.records, 0);
+	/* The arena misses: the thread's blocks join its open epoch, which
+	 * the pressure rule closes; no new segment, no OOM retry. */
+	emm_addr_t b = xalloc(h, 64 * KIB, 0);
+	expect_true(contains(a, N / 2, b));
+	expect_u64_eq(fence.records, 1);
+	struct emm_stats st = heap_stats(h);
+	expect_u64_eq(st.backend_allocs, 1);
+	expect_u64_eq(st.oom_retries, 0);
+	xfree(b, 0);
+	for (unsigned i = N / 2; i < 32; i++)
+		xfree(a[i], 0);
 	teardown(h);
 }
 TEST_END
@@ -157,7 +186,7 @@ TEST_BEGIN(test_capture_keeps_the_epoch_open)
 	fence.capture_sync = true;
 	for (unsigned i = 0; i < N; i++)
 		xfree(a[i], 0);
-	expect_u64_eq(fence.records, 0);
+	expect_u64_eq(fence.records, 0); /* the close failed: -EBUSY */
 	b = xalloc(h, 64 * KIB, 0);
 	expect_false(contains(a, N, b));
 	expect_u64_eq(heap_stats(h).pending_bytes, N * 64 * KIB);
@@ -319,7 +348,7 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_reuse_after_the_thread_epoch_closes, test_nonblocking_stream_waits_for_the_events,
-	                    test_capture_keeps_the_epoch_open, test_double_free_of_a_cached_block,
+	                    test_pressure_closes_the_thread_epoch, test_capture_keeps_the_epoch_open, test_double_free_of_a_cached_block,
 	                    test_stream_mode_reuses_at_once, test_release_idle_flushes_the_cache,
 	                    test_thread_exit_flushes, test_oom_retry_flushes_the_cache,
 	                    test_destroy_forgets_the_cache, NULL);

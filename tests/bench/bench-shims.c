@@ -7,7 +7,11 @@
  * the fake's folder first in LD_LIBRARY_PATH (tests/bench/run-shims.sh).
  *
  *   bench-shims [--pattern ws|lifo] [--api sync|async] [--threads 1,2,4]
- *               [--pairs N] [--size BYTES]
+ *               [--pairs N] [--size BYTES] [--nb-streams N]
+ *
+ * --nb-streams N creates N idle non-blocking streams first: every epoch
+ * close then records 1 + N events and polls them (what closing an epoch
+ * costs, in driver calls and instructions, with them alive).
  *
  * Patterns (the GPU's tests/gpu/bench_threads.cu does the same on a GPU):
  *   ws   - every thread keeps 64 live buffers of random sizes (256 B - 8 MiB,
@@ -43,6 +47,7 @@ static bool async_api, lifo;
 static size_t lifo_size = 64 << 10;
 static unsigned long long pairs_per_thread = 200000;
 static CUcontext g_ctx;
+static unsigned nb_streams;
 static atomic_int go;
 
 /* Driver calls the shims make on their own behalf (counted per pair). */
@@ -152,8 +157,8 @@ static int run(unsigned nthreads)
 	int bad = 0;
 	for (unsigned i = 0; i < nthreads; i++)
 		bad += !w[i].ok;
-	printf("%-4s %-5s threads %2u: %8.3f M pairs/s, %7.1f ns per pair per thread; driver calls per pair:",
-	       lifo ? "lifo" : "ws", async_api ? "async" : "sync", nthreads, pairs / (t1 - t0) / 1e6,
+	printf("%-4s %-5s nb %u threads %2u: %8.3f M pairs/s, %7.1f ns per pair per thread; driver calls per pair:",
+	       lifo ? "lifo" : "ws", async_api ? "async" : "sync", nb_streams, nthreads, pairs / (t1 - t0) / 1e6,
 	       (t1 - t0) * 1e9 * nthreads / pairs);
 	for (unsigned i = 0; i < NCOUNTED; i++) {
 		uint64_t d = fakecuda_calls(counted[i]) - before[i];
@@ -181,9 +186,11 @@ int main(int argc, char **argv)
 			pairs_per_thread = strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--size") && i + 1 < argc)
 			lifo_size = (size_t)strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--nb-streams") && i + 1 < argc)
+			nb_streams = (unsigned)strtoul(argv[++i], NULL, 0);
 		else {
 			fprintf(stderr, "usage: %s [--pattern ws|lifo] [--api sync|async] [--threads 1,2,4] "
-			                "[--pairs N] [--size BYTES]\n", argv[0]);
+			                "[--pairs N] [--size BYTES] [--nb-streams N]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -191,6 +198,11 @@ int main(int argc, char **argv)
 	    cuDevicePrimaryCtxRetain(&g_ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) {
 		fprintf(stderr, "driver setup failed\n");
 		return 1;
+	}
+	for (unsigned i = 0; i < nb_streams; i++) {
+		CUstream s;
+		if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+			return 1;
 	}
 	int rc = 0;
 	for (char *save = NULL, *t = strtok_r(threads, ",", &save); t; t = strtok_r(NULL, ",", &save))
