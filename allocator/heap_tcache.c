@@ -200,10 +200,9 @@ static void apply_delta(struct tcache *tc)
 	*d = (struct tc_delta){0};
 }
 
-/* Every block back to the arena (pending ones to its open epoch, closed by
- * the next free or sync point) and the counters added. Lock held, never
- * dropped. */
-static void flush_locked(struct tcache *tc)
+/* The counters added and the thread's epoch joins the arena's open one.
+ * Lock held. */
+static void pending_to_open(struct tcache *tc)
 {
 	struct arena *h = tc->arena;
 	struct emm_block *b, *next;
@@ -217,6 +216,17 @@ static void flush_locked(struct tcache *tc)
 	tc->pend = NULL;
 	tc->npend = 0;
 	tc->pend_bytes = tc->pend_max = 0;
+}
+
+/* Every block back to the arena (pending ones to its open epoch, closed by
+ * the next free or sync point) and the counters added. Lock held, never
+ * dropped. */
+static void flush_locked(struct tcache *tc)
+{
+	struct arena *h = tc->arena;
+	struct emm_block *b, *next;
+
+	pending_to_open(tc);
 	for (unsigned c = 0; c < TC_CLASSES; c++) {
 		for (b = tc->bins[c]; b; b = next) {
 			next = b->link;
@@ -430,20 +440,11 @@ bool emm_tcache_free(struct emm_block *b)
 void emm_tcache_pressure_locked(struct arena *h, size_t rounded)
 {
 	struct tcache *tc = tls_tc;
-	struct emm_block *b, *next;
 
 	if (!tc_bound(tc, h->owner) || tc->arena != h || tc->pend_max < rounded ||
 	    tc->npend < (h->p.epoch_max_blocks + 1) / 2)
 		return;
-	apply_delta(tc);
-	for (b = tc->pend; b; b = next) {
-		next = b->link;
-		untc(b);
-		pending_add(h, h->open, b);
-	}
-	tc->pend = NULL;
-	tc->npend = 0;
-	tc->pend_bytes = tc->pend_max = 0;
+	pending_to_open(tc);
 }
 
 void emm_tcache_flush_locked(struct arena *h)
