@@ -21,7 +21,7 @@
 /* Threads are spread over the arenas round-robin by a slot taken on their
  * first allocation (see struct emm_heap in heap_internal.h). */
 static atomic_uint thread_rr;
-static _Thread_local unsigned thread_slot_plus1;
+static _Thread_local unsigned thread_slot_plus1 __attribute__((tls_model("initial-exec")));
 
 #ifndef NDEBUG
 _Thread_local unsigned emm_heap_lock_depth __attribute__((tls_model("initial-exec")));

@@ -32,7 +32,6 @@
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +47,7 @@ static size_t lifo_size = 64 << 10;
 static unsigned long long pairs_per_thread = 200000;
 static CUcontext g_ctx;
 static unsigned nb_streams;
-static atomic_int go;
+static pthread_barrier_t start; /* the workers' fill done: the clock starts */
 
 /* Driver calls the shims make on their own behalf (counted per pair). */
 static const char *const counted[] = {
@@ -109,9 +108,7 @@ static void *worker_main(void *arg)
 	if (!lifo)
 		for (int i = 0; ok && i < LIVE; i++)
 			ok = do_alloc(&live[i], random_size(&rng), s);
-	atomic_fetch_add(&go, 1);
-	while (atomic_load(&go) > 0)
-		;
+	pthread_barrier_wait(&start);
 	for (unsigned long long i = 0; ok && i < pairs_per_thread; i++) {
 		if (lifo) {
 			CUdeviceptr p;
@@ -138,21 +135,20 @@ static int run(unsigned nthreads)
 
 	if (!w)
 		return 1;
-	atomic_store(&go, 0);
+	pthread_barrier_init(&start, NULL, nthreads + 1);
 	for (unsigned i = 0; i < nthreads; i++) {
 		w[i].id = (int)i;
 		if (pthread_create(&w[i].tid, NULL, worker_main, &w[i]))
 			return 1;
 	}
-	while (atomic_load(&go) < (int)nthreads)
-		;
 	for (unsigned i = 0; i < NCOUNTED; i++)
 		before[i] = fakecuda_calls(counted[i]);
+	pthread_barrier_wait(&start);
 	t0 = now_s();
-	atomic_store(&go, -1);
 	for (unsigned i = 0; i < nthreads; i++)
 		pthread_join(w[i].tid, NULL);
 	t1 = now_s();
+	pthread_barrier_destroy(&start);
 	double pairs = (double)pairs_per_thread * nthreads;
 	int bad = 0;
 	for (unsigned i = 0; i < nthreads; i++)
