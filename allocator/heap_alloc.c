@@ -74,6 +74,7 @@ int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t s
 	r = grow_segment(h, pool, seg_size, rounded, stream, &b);
 	if (r == -ENOMEM && h->p.oom_retry) {
 		emm_tcache_flush_locked(h);
+		emm_tcache_flush_all(); /* the other threads' at their next use */
 		emm_heap_oom_recover(h);
 		emm_heap_oom_recover_others(h);
 		h->st.oom_retries++;
@@ -135,6 +136,7 @@ int emm_heap_alloc_map(struct arena *h, unsigned pool, size_t rounded, size_t si
 	untake(h, *ret);
 	if (r == -ENOMEM && h->p.oom_retry) {
 		emm_tcache_flush_locked(h);
+		emm_tcache_flush_all(); /* the other threads' at their next use */
 		emm_heap_oom_recover(h);
 		emm_heap_oom_recover_others(h);
 		h->st.oom_retries++;

@@ -40,8 +40,10 @@
  * ready ones ready-any in its trees) on thread exit, on an OOM retry of the
  * thread, at emm_heap_flush and emm_heap_release_idle of the thread, when
  * the thread moves to another heap, and at the next use of every other
- * thread's cache after emm_heap_release_idle (a generation they compare,
- * one shared read). A heap being destroyed bumps the generation too: a
+ * thread's cache after emm_heap_release_idle or an OOM retry (a generation
+ * they compare, one shared read). So an OOM retry cannot reach what other
+ * threads hold at that moment: at most TC_READY_MAX plus one epoch's quota
+ * per thread. A heap being destroyed bumps the generation too: a
  * cache bound to a heap no longer registered forgets its blocks without
  * touching them. In a fork child the forking thread's cache is forgotten.
  */
