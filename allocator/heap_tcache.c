@@ -34,7 +34,9 @@
  * highest point reached in between, so one thread's peaks stay exact.
  *
  * Heaps with a release threshold (EMM_RELEASE_THRESHOLD) free the shared
- * way, where the threshold is checked at every free.
+ * way, where the threshold is checked at every free, and so do pinned heaps
+ * (host_accessible). A thread that frees into heaps of two devices in turn
+ * flushes its cache at every change of heap.
  *
  * Flushed (every block back to the arena: pending ones to its open epoch,
  * ready ones ready-any in its trees) on thread exit, on an OOM retry of the
@@ -404,8 +406,12 @@ bool emm_tcache_free(struct emm_block *b)
 	struct emm_heap *heap = h->owner;
 	struct tcache *tc = tls_tc;
 
-	/* A release threshold is checked at every free of the shared way. */
-	if (EMM_UNLIKELY(!heap->tcache || b->size > TC_MAX_SIZE || h->p.release_threshold != SIZE_MAX))
+	/* A release threshold is checked at every free of the shared way;
+	 * host-accessible (pinned) blocks never come back from an epoch at
+	 * once, and a thread moving between a pinned and a device heap would
+	 * flush its cache at every move. */
+	if (EMM_UNLIKELY(!heap->tcache || b->size > TC_MAX_SIZE || h->p.release_threshold != SIZE_MAX ||
+	                 h->p.host_accessible))
 		return false;
 	if (EMM_UNLIKELY(!tc_bound(tc, heap) || tc->arena != h)) {
 		if (h != emm_heap_thread_arena(heap))
