@@ -223,7 +223,7 @@ static const struct {
 
 /* A size the way a user would write it: the largest binary unit that
  * divides it exactly, so the text parses back to the same value. */
-static void format_size(size_t z, char *buf, size_t n)
+void emm_options_format_size(size_t z, char *buf, size_t n)
 {
 	static const char units[] = "KMGT";
 	int u = -1;
@@ -267,7 +267,7 @@ static void format_value(const struct opt_row *r, const struct emm_options *o, c
 		snprintf(buf, n, "%u", *(const unsigned *)f);
 		break;
 	case OPT_SIZE:
-		format_size(*(const size_t *)f, buf, n);
+		emm_options_format_size(*(const size_t *)f, buf, n);
 		break;
 	case OPT_ENUM: {
 		unsigned v = enum_value(f);

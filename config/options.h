@@ -116,6 +116,10 @@ const enum emm_option_source *emm_options_sources(void);
  * checked against this output by a test). */
 void emm_options_write_markdown(FILE *out);
 
+/* A size the way a user would write it ("2M", "1536K", "unlimited"): the
+ * largest binary unit that divides it exactly, so it parses back. */
+void emm_options_format_size(size_t z, char *buf, size_t n);
+
 /* Parse helpers, exposed for tests. 0 or -EINVAL; *ret untouched on error. */
 int emm_parse_bool(const char *s, bool *ret);
 int emm_parse_size(const char *s, bool allow_unlimited, size_t *ret);

@@ -176,6 +176,7 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 		goto publish;
 	}
 	st_heap_params(&params);
+	st_fit_params(e, dev, &params);
 	src.state = e;
 	src.alloc = st_device_segment_alloc;
 	src.free = st_device_segment_free;

@@ -285,7 +285,7 @@ void emm_state_collect_stats(int device, struct emm_stats *out);
 /* Print the EMM_STATS table (stats_print.c); no driver calls. */
 void emm_stats_print_exit(void);
 
-/* Log an out-of-memory report (EMM_VERBOSE >= 1). */
+/* Log the out-of-memory report, once per burst of failures (oom_report.c). */
 void emm_state_report_oom(emm_heap_t *heap, size_t size);
 
 /* --- streams and capture ----------------------------------------------- */

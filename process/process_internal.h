@@ -226,6 +226,10 @@ static inline int st_tls_device(void)
 	return -1;
 }
 
+/* Segment sizes larger than the device `e`'s backend reports are cut to
+ * fit, and the user told once per device (device_fit.c). */
+void st_fit_params(struct ctx_entry *e, int device, struct emm_heap_params *p);
+
 /* The entry of the current context. 0; -ENODEV (no context, or `create`
  * false and none yet); -ENOSYS (disabled, exiting, or the context passes
  * through). */

@@ -149,25 +149,26 @@ static int setting_parse(const char *text, struct setting *s, char *buf, size_t 
 	return 0;
 }
 
-/* libemm does not yet refuse segment sizes larger than the device at
- * start-up; say what that means for this replay. */
+/* Segment sizes larger than the simulated device: libemm refuses them at
+ * start-up (using half the device instead), and the replay does the same;
+ * say so. */
 static void warn_segments(const struct replay_setup *s)
 {
-	char a[32], b[32];
+	struct emm_heap_params p = s->params;
+	char a[32], b[32], c[32];
 
-	if (!s->capacity)
+	if (!s->capacity || !emm_heap_params_fit(&p, s->capacity))
 		return;
-	if (s->params.large_segment > s->capacity)
-		fprintf(stderr,
-			"emm-replay: note: EMM_LARGE_SEGMENT (%s) is larger than the simulated device (%s): "
-			"requests from EMM_SMALL_SIZE up to half of it cannot be served (set a smaller "
-			"EMM_LARGE_SEGMENT)\n",
+	if (p.large_segment != s->params.large_segment)
+		fprintf(stderr, "emm-replay: note: EMM_LARGE_SEGMENT (%s) is larger than the simulated device (%s): "
+			"libemm refuses it and uses %s, and so does this replay\n",
 			replay_format_size(s->params.large_segment, a, sizeof(a)),
-			replay_format_size(s->capacity, b, sizeof(b)));
-	else if (s->params.small_segment > s->capacity)
-		fprintf(stderr, "emm-replay: note: EMM_SMALL_SEGMENT (%s) is larger than the simulated device (%s)\n",
+			replay_format_size(s->capacity, b, sizeof(b)), replay_format_size(p.large_segment, c, sizeof(c)));
+	if (p.small_segment != s->params.small_segment)
+		fprintf(stderr, "emm-replay: note: EMM_SMALL_SEGMENT (%s) is larger than the simulated device (%s): "
+			"libemm refuses it and uses %s, and so does this replay\n",
 			replay_format_size(s->params.small_segment, a, sizeof(a)),
-			replay_format_size(s->capacity, b, sizeof(b)));
+			replay_format_size(s->capacity, b, sizeof(b)), replay_format_size(p.small_segment, c, sizeof(c)));
 }
 
 static int run_or_report(struct replayer *rp, const struct replay_setup *setup, struct replay_result *res)
