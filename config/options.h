@@ -44,6 +44,10 @@ struct emm_options {
 	bool disable;		   /* EMM_DISABLE: pure pass-through */
 	unsigned verbose;	   /* EMM_VERBOSE: 0 quiet, 1 settings + warnings, 2 debug */
 	bool stats;		   /* EMM_STATS: print statistics at exit */
+	bool stats_json;	   /* ... as JSON (EMM_STATS=json or a path) */
+	char stats_file[256];	   /* ... into this file ("" = stderr; %p: the process id) */
+	unsigned stats_signal;	   /* EMM_STATS_SIGNAL: dump statistics on this signal (0 = off) */
+	char snapshot_file[256];   /* EMM_SNAPSHOT: memory snapshot pickle path ("" = off) */
 	char log_file[256];	   /* EMM_LOG: CSV event trace path ("" = off) */
 	char backend[256];	   /* EMM_BACKEND: built-in name or path ("driver") */
 	char backend_options[256]; /* EMM_BACKEND_OPTIONS: passed to the backend */
@@ -71,6 +75,8 @@ enum emm_option_id {
 	EMM_OPT_DISABLE,
 	EMM_OPT_VERBOSE,
 	EMM_OPT_STATS,
+	EMM_OPT_STATS_SIGNAL,
+	EMM_OPT_SNAPSHOT,
 	EMM_OPT_LOG,
 	EMM_OPT_BACKEND,
 	EMM_OPT_BACKEND_OPTIONS,
@@ -124,6 +130,13 @@ void emm_options_format_size(size_t z, char *buf, size_t n);
 int emm_parse_bool(const char *s, bool *ret);
 int emm_parse_size(const char *s, bool allow_unlimited, size_t *ret);
 int emm_parse_uint(const char *s, unsigned min, unsigned max, unsigned *ret);
+/* A signal: a name with or without SIG (USR2, SIGUSR2, RTMIN+3, any case),
+ * a number, or off/none/0 (0). Uncatchable and fault signals are refused. */
+int emm_parse_signal(const char *s, unsigned *ret);
+void emm_format_signal(unsigned sig, char *buf, size_t n);
+/* EMM_STATS: a boolean (table or nothing), "table", "json" (JSON on
+ * stderr), or a path (one with a '/' or ending in .json: JSON into it). */
+int emm_parse_stats(const char *s, bool *ret_on, bool *ret_json, char *file, size_t file_size);
 
 /* emm_options_parse with the secure mode given instead of read from
  * getauxval(AT_SECURE): when `secure`, EMM_BACKEND and EMM_LOG are ignored

@@ -285,6 +285,11 @@ void emm_state_collect_stats(int device, struct emm_stats *out);
 /* Print the EMM_STATS table (stats_print.c); no driver calls. */
 void emm_stats_print_exit(void);
 
+/* Write the statistics as one line of JSON (stats_json.c; schema in
+ * docs/stats-json.md); `reason` is "exit" or "signal". No driver calls. */
+struct emm_outbuf;
+void emm_stats_write_json(struct emm_outbuf *ob, const char *reason);
+
 /* Log the out-of-memory report, once per burst of failures (oom_report.c). */
 void emm_state_report_oom(emm_heap_t *heap, size_t size);
 

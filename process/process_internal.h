@@ -226,6 +226,13 @@ static inline int st_tls_device(void)
 	return -1;
 }
 
+/* The statistics at exit as EMM_STATS says, and the snapshot
+ * (stats_dump.c); the EMM_STATS_SIGNAL handler and its helper thread,
+ * installed at initialisation and again in a fork child. */
+void st_stats_exit_report(void);
+void st_stats_signal_setup(void);
+void st_stats_signal_fork_child(void);
+
 /* Segment sizes larger than the device `e`'s backend reports are cut to
  * fit, and the user told once per device (device_fit.c). */
 void st_fit_params(struct ctx_entry *e, int device, struct emm_heap_params *p);

@@ -216,6 +216,7 @@ static void state_init(void)
 		emm_warn("atexit failed: EMM_STATS will not print");
 	st_guard_setup();
 	st_enabled = true;
+	st_stats_signal_setup();
 out:
 	tls_in_init = false;
 	atomic_store_explicit(&st_init_done, true, memory_order_release);
@@ -286,6 +287,7 @@ static void fork_child(void)
 	st_vmm_fork_child();
 	if (emm_trace_enabled())
 		emm_trace_fork_child();
+	st_stats_signal_fork_child();
 }
 
 __attribute__((constructor)) static void state_constructor(void)
@@ -307,8 +309,8 @@ static void state_atexit(void)
 	/* Registered up to MAX_ATEXIT times (see above): the first call to run
 	 * prints the statistics, every call flushes the trace. */
 	atomic_store(&st_exiting, true);
-	if (st_opts && st_opts->stats && !atomic_exchange(&stats_printed, true))
-		emm_stats_print_exit();
+	if (st_opts && !atomic_exchange(&stats_printed, true))
+		st_stats_exit_report();
 	emm_trace_flush();
 }
 
@@ -317,8 +319,7 @@ __attribute__((destructor)) static void state_destructor(void)
 	atomic_store(&st_exiting, true);
 	/* EMM_STATS=1 prints even when no CUDA call reached libemm (no exit
 	 * handler was registered then): the table says so. */
-	if (!atomic_load(&stats_printed) && (st_opts ? st_opts : emm_options_get())->stats &&
-	    !atomic_exchange(&stats_printed, true))
-		emm_stats_print_exit();
+	if (!atomic_load(&stats_printed) && !atomic_exchange(&stats_printed, true))
+		st_stats_exit_report();
 	emm_trace_close();
 }

@@ -6,7 +6,9 @@
  * in a temporary file and checked line by line.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -160,6 +162,8 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_DISABLE=yes",
 		"EMM_VERBOSE=3",
 		"EMM_STATS=ON",
+		"EMM_STATS_SIGNAL=SIGUSR2",
+		"EMM_SNAPSHOT=/tmp/emm-%p.pickle",
 		"EMM_LOG=/tmp/emm trace.csv",
 		"EMM_BACKEND=/opt/emm/libemm-backend-vmm.so",
 		"EMM_BACKEND_OPTIONS=granularity=2M,foo=bar",
@@ -192,6 +196,9 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_true(p.o.disable);
 	expect_int_eq(p.o.verbose, 3);
 	expect_true(p.o.stats);
+	expect_false(p.o.stats_json);
+	expect_int_eq(p.o.stats_signal, SIGUSR2);
+	expect_str_eq(p.o.snapshot_file, "/tmp/emm-%p.pickle");
 	expect_str_eq(p.o.log_file, "/tmp/emm trace.csv");
 	expect_str_eq(p.o.backend, "/opt/emm/libemm-backend-vmm.so");
 	expect_str_eq(p.o.backend_options, "granularity=2M,foo=bar");
@@ -222,7 +229,7 @@ TEST_BEGIN(test_option_names)
 	/* The names the table gives follow enum order (the table also checks
 	 * this at compile time). */
 	static const char *const names[EMM_OPT__COUNT] = {
-		"DISABLE",	 "VERBOSE",	"STATS",	  "LOG",	       "BACKEND",
+		"DISABLE",	 "VERBOSE",	"STATS",	  "STATS_SIGNAL", "SNAPSHOT", "LOG", "BACKEND",
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
@@ -241,6 +248,67 @@ TEST_END
 /* ------------------------------------------------------------------------
  * The grammar, through the exposed helpers
  * ------------------------------------------------------------------------ */
+
+TEST_BEGIN(test_parse_stats)
+{
+	static const struct {
+		const char *in;
+		int ret;
+		bool on, json;
+		const char *file;
+	} cases[] = {
+		{"1", 0, true, false, ""},		{"off", 0, false, false, ""},
+		{"table", 0, true, false, ""},		{"JSON", 0, true, true, ""},
+		{"/tmp/s.json", 0, true, true, "/tmp/s.json"}, {"stats-%p.json", 0, true, true, "stats-%p.json"},
+		{"./stats", 0, true, true, "./stats"},	{"yes please", -EINVAL, false, false, ""},
+		{"stats.txt", -EINVAL, false, false, ""}, {"", -EINVAL, false, false, ""},
+	};
+
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(cases); i++) {
+		bool on = !cases[i].on, json = !cases[i].json;
+		char file[64] = "untouched";
+
+		expect_int_eq(emm_parse_stats(cases[i].in, &on, &json, file, sizeof(file)), cases[i].ret);
+		if (cases[i].ret < 0) {
+			expect_str_eq(file, "untouched");
+			continue;
+		}
+		expect_int_eq(on, cases[i].on);
+		expect_int_eq(json, cases[i].json);
+		expect_str_eq(file, cases[i].file);
+	}
+}
+TEST_END
+
+TEST_BEGIN(test_parse_signal)
+{
+	static const struct {
+		const char *in;
+		int ret;
+		unsigned sig;
+	} cases[] = {
+		{"SIGUSR2", 0, SIGUSR2}, {"usr1", 0, SIGUSR1}, {"12", 0, 12},	 {"off", 0, 0},
+		{"SigHup", 0, SIGHUP},	 {"RTMIN+2", 0, 0},	{"9", -EINVAL, 0}, {"SIGKILL", -EINVAL, 0},
+		{"SIGSEGV", -EINVAL, 0}, {"11", -EINVAL, 0},	{"USR3", -EINVAL, 0}, {"", -EINVAL, 0},
+		{"999", -EINVAL, 0},
+	};
+	char name[32];
+
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(cases); i++) {
+		unsigned sig = 777;
+		unsigned want = strcmp(cases[i].in, "RTMIN+2") == 0 ? (unsigned)SIGRTMIN + 2 : cases[i].sig;
+
+		expect_int_eq(emm_parse_signal(cases[i].in, &sig), cases[i].ret);
+		expect_int_eq(sig, cases[i].ret < 0 ? 777u : want);
+	}
+	emm_format_signal(SIGUSR2, name, sizeof(name));
+	expect_str_eq(name, "SIGUSR2");
+	emm_format_signal((unsigned)SIGRTMIN + 1, name, sizeof(name));
+	expect_str_eq(name, "SIGRTMIN+1");
+	emm_format_signal(0, name, sizeof(name));
+	expect_str_eq(name, "off");
+}
+TEST_END
 
 TEST_BEGIN(test_parse_bool)
 {
@@ -1014,7 +1082,7 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_defaults_when_unset, test_every_option_from_env, test_option_names,
-			    test_parse_bool, test_parse_size, test_parse_uint, test_invalid_bools,
+			    test_parse_bool, test_parse_size, test_parse_stats, test_parse_signal, test_parse_uint, test_invalid_bools,
 			    test_invalid_sizes, test_invalid_uints, test_invalid_enum, test_invalid_strings,
 			    test_warning_text, test_size_forms_in_env, test_uint_and_enum_forms_in_env,
 			    test_first_occurrence_wins, test_several_bad_values, test_cross_option_checks,

@@ -103,7 +103,135 @@ def fit():
               for l in err.splitlines()), "EMM_VERBOSE=1 says the default was cut", err)
 
 
+# --- EMM_STATS as JSON ------------------------------------------------------
+
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs", "stats-json.md")
+TYPES = {"string": (str,), "integer": (int,), "number": (int, float), "row": (dict,), "object": (dict,),
+         "array of rows": (list,), "row or null": (dict, type(None)), "number or null": (int, float, type(None))}
+
+
+def doc_tables():
+    """{section title: {key: type}} from docs/stats-json.md."""
+    tables, section = {}, None
+    for line in open(DOC):
+        if line.startswith("## "):
+            section = line[3:].strip()
+            tables[section] = {}
+        m = re.match(r"\| `(\w+)` \| ([^|]+) \|", line)
+        if m and section:
+            tables[section][m.group(1)] = m.group(2).strip()
+    return tables
+
+
+def check_schema(doc, reason, what):
+    t = doc_tables()
+    top, row, proc = t["Top-level fields"], t["Row fields"], t["Process fields"]
+
+    def typed(obj, spec, where):
+        check(list(obj.keys()) == list(spec.keys()), "%s: %s has exactly the documented keys, in order" % (what, where),
+              "missing %s, extra %s" % (sorted(set(spec) - set(obj)), sorted(set(obj) - set(spec))))
+        bad = [k for k in spec if k in obj and (not isinstance(obj[k], TYPES[spec[k]]) or isinstance(obj[k], bool))]
+        check(not bad, "%s: %s values have the documented types" % (what, where), str(bad))
+
+    typed(doc, top, "top level")
+    check(doc["schema"] == "emm-stats" and doc["schema_version"] == 1 and doc["reason"] == reason,
+          "%s: schema, version, reason %s" % (what, reason), str(doc)[:300])
+    for d in doc["devices"]:
+        typed(d, dict([("device", "integer")] + list(row.items())), "a device row")
+    if doc["pinned"] is not None:
+        typed(doc["pinned"], row, "the pinned row")
+    typed(doc["all"], row, "the all row")
+    typed(doc["process"], proc, "process")
+
+
+def stats_json():
+    err = run(["a:1M", "a:3M", "h:4K", "f:0", "z"], {"EMM_STATS": "json"})
+    docs = [l for l in err.splitlines() if l.startswith('{"schema":"emm-stats"')]
+    check(len(docs) == 1, "EMM_STATS=json: one JSON line on stderr", err)
+    if not docs:
+        return
+    doc = json.loads(docs[0])
+    check_schema(doc, "exit", "stderr")
+    dev, a = doc["devices"][0], doc["all"]
+    check(dev["device"] == 0 and dev["allocs"] == 2 and dev["frees"] == 1 and dev["allocated_bytes"] == 3 << 20,
+          "device 0: 2 allocations, 1 free, 3 MiB allocated", str(dev))
+    check(doc["pinned"]["allocs"] == 1 and a["allocs"] == 3, "pinned row and all row", str(doc["pinned"]))
+    check(doc["state"] == "on" and doc["backend"] == "driver" and doc["pid"] > 0, "state, backend, pid")
+    # A path, with %p.
+    with tempfile.TemporaryDirectory() as tmp:
+        pattern = os.path.join(tmp, "stats-%p.json")
+        p = run(["a:2M"], {"EMM_STATS": pattern}, wait=False)
+        p.communicate(timeout=60)
+        path = os.path.join(tmp, "stats-%d.json" % p.pid)
+        check(os.path.exists(path) and sorted(os.listdir(tmp)) == [os.path.basename(path)],
+              "EMM_STATS=DIR/stats-%p.json: written to stats-PID.json, no temporary file left", str(os.listdir(tmp)))
+        if os.path.exists(path):
+            doc = json.load(open(path))
+            check_schema(doc, "exit", "file")
+            check(doc["pid"] == p.pid and doc["all"]["allocs"] == 1, "the file's pid and counts")
+    # Nothing reached libemm, and libemm off.
+    e = {k: v for k, v in os.environ.items() if not k.startswith("EMM_")}
+    e.update({"EMM_STATS": "json", "LD_PRELOAD": os.environ.get("EMM_TEST_PRELOAD_FIRST", "") + LIB})
+    out = subprocess.run(["true"], env=e, stderr=subprocess.PIPE, text=True).stderr
+    doc = json.loads([l for l in out.splitlines() if l.startswith("{")][0])
+    check(doc["state"] == "not reached" and doc["devices"] == [] and doc["all"]["allocs"] == 0,
+          "no CUDA call: state 'not reached'", out)
+    err = run(["a:1M"], {"EMM_STATS": "json", "EMM_DISABLE": "1"})
+    doc = json.loads([l for l in err.splitlines() if l.startswith("{")][0])
+    check(doc["state"] == "off" and doc["all"]["allocs"] == 0, "EMM_DISABLE=1: state 'off'", err)
+
+
+def wait_for(path, timeout=10.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if os.path.exists(path) and os.path.getsize(path) > 0:
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def stats_signal():
+    with tempfile.TemporaryDirectory() as tmp:
+        stats, trace, go = (os.path.join(tmp, n) for n in ("stats.json", "trace.csv", "go"))
+        # raise(SIGUSR2) by name: JSON file and trace written while the program runs.
+        p = run(["a:1M", "k:%d" % signal.SIGUSR2, "w:" + stats, "w:" + go, "a:1M", "f:1"],
+                {"EMM_STATS": stats, "EMM_STATS_SIGNAL": "SIGUSR2", "EMM_LOG": trace}, wait=False)
+        check(wait_for(stats), "the signal writes the statistics file while the program runs")
+        if os.path.exists(stats):
+            doc = json.load(open(stats))
+            check_schema(doc, "signal", "signal dump")
+            check(doc["all"]["allocs"] == 1 and doc["all"]["frees"] == 0, "the dump counts what happened before it",
+                  str(doc["all"]))
+        check(wait_for(trace) and "allocate,0x" in open(trace).read(), "the signal flushes the EMM_LOG trace")
+        open(go, "w").write("go\n")
+        out, err = p.communicate(timeout=60)
+        check(p.returncode == 0, "the program runs on after the signal", err)
+        doc = json.load(open(stats))
+        check(doc["reason"] == "exit" and doc["all"]["allocs"] == 2 and doc["all"]["frees"] == 1,
+              "at exit the file is replaced by the final statistics", str(doc["all"]))
+        # kill from outside by number, no EMM_STATS: the table on stderr.
+        ready, go2, errf = (os.path.join(tmp, n) for n in ("ready", "go2", "stderr"))
+        e = {k: v for k, v in os.environ.items() if not k.startswith("EMM_")}
+        e.update({"LD_LIBRARY_PATH": FAKE_DIR, "EMM_STATS_SIGNAL": "12",
+                  "LD_PRELOAD": os.environ.get("EMM_TEST_PRELOAD_FIRST", "") + LIB})
+        with open(errf, "w") as ef:
+            p = subprocess.Popen([DRIVER, "a:1M", "a:2M", "t:" + ready, "w:" + go2], env=e, stderr=ef)
+            ok = wait_for(ready)
+            if ok:
+                p.send_signal(12)
+                end = time.time() + 10
+                while time.time() < end and "statistics (libemm" not in open(errf).read():
+                    time.sleep(0.02)
+            open(go2, "w").write("go\n")
+            p.wait(timeout=60)
+        text = open(errf).read()
+        check(ok and p.returncode == 0 and "statistics (libemm" in text and re.search(r"emm: 0 +2 ", text),
+              "kill -12 from outside: the table on stderr, the program lives on", "exit %s\n%s" % (p.returncode, text))
+
+
 SCENARIOS = {
+    "stats-json": stats_json,
+    "stats-signal": stats_signal,
     "oom": oom,
     "oom-fragmented": oom_fragmented,
     "fit": fit,

@@ -13,6 +13,7 @@
  *   f:I      free the I-th successful allocation (0-based; host or device, sync or async)
  *   s:MS     sleep MS milliseconds              k:SIG   raise signal SIG
  *   w:FILE   wait (up to 5 s) until FILE exists and is not empty
+ *   t:FILE   create FILE with one line in it
  * SIZE takes a K or M suffix. Exit 0 when every step did what it must,
  * else 1 with the step on stderr.
  */
@@ -116,6 +117,13 @@ static int step(const char *arg)
 		return raise(atoi(v));
 	case 'w':
 		return wait_file(v);
+	case 't': {
+		FILE *f = fopen(v, "w");
+		if (!f)
+			return -1;
+		fputs("ready\n", f);
+		return fclose(f) == 0 ? 0 : -1;
+	}
 	default:
 		return -1;
 	}
