@@ -226,6 +226,12 @@ static inline int st_tls_device(void)
 	return -1;
 }
 
+/* Open the EMM_LOG trace (%p expanded; beside another process's trace,
+ * never over it); in a fork child, stop tracing into the parent's file
+ * when the path has %p (trace_file.c). */
+void st_trace_start(void);
+void st_trace_fork_child(void);
+
 /* The statistics at exit as EMM_STATS says, and the snapshot
  * (stats_dump.c); the EMM_STATS_SIGNAL handler and its helper thread,
  * installed at initialisation and again in a fork child. */

@@ -205,12 +205,7 @@ static void state_init(void)
 		         st_backend.path);
 		emm_options_print(opts, emm_options_sources());
 	}
-	if (opts->log_file[0]) {
-		ret = emm_trace_open(opts->log_file);
-		if (ret < 0 && ret != -EBUSY)
-			emm_warn("EMM_LOG: cannot open %s: %s (no trace is written)", opts->log_file,
-			         strerror(-ret));
-	}
+	st_trace_start();
 	atomic_fetch_add(&atexit_registrations, 1);
 	if (atexit(state_atexit) != 0)
 		emm_warn("atexit failed: EMM_STATS will not print");
@@ -285,8 +280,7 @@ static void fork_child(void)
 	st_guard_fork_child();
 	emm_fence_fork_child();
 	st_vmm_fork_child();
-	if (emm_trace_enabled())
-		emm_trace_fork_child();
+	st_trace_fork_child();
 	st_stats_signal_fork_child();
 }
 

@@ -229,7 +229,114 @@ def stats_signal():
               "kill -12 from outside: the table on stderr, the program lives on", "exit %s\n%s" % (p.returncode, text))
 
 
+# --- the EMM_LOG trace -------------------------------------------------------
+
+def read_trace(path):
+    lines = open(path).read().splitlines()
+    return lines[0], [l.split(",") for l in lines[1:]]
+
+
+def trace():
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "trace.csv")
+        # device sync and async, pinned, a 0-byte request, a pool failure, frees
+        err = run(["a:1M", "A:2M", "h:4K", "z", "o:32M", "f:0", "f:1", "f:2"],
+                  {"FAKECUDA_MEM_CAPACITY": "16M", "EMM_LOG": log, "EMM_STATS": "json"})
+        header, rows = read_trace(log)
+        check(header == "Thread,Time,Action,Pointer,Size,Stream,Memory", "header: RMM's six columns and Memory",
+              header)
+        check(all(len(r) == 7 for r in rows), "every line has seven columns")
+        mem = [(r[2], r[4], r[6]) for r in rows]
+        check(("allocate", "4096", "pinned") in mem and ("free", "4096", "pinned") in mem,
+              "pinned-host events are told apart", str(mem))
+        check(("allocate", str(1 << 20), "device") in mem and ("allocate", str(2 << 20), "device") in mem,
+              "device events say device", str(mem))
+        check(not any(r[4] == "0" for r in rows if r[2] == "allocate"), "no line for the 0-byte request", str(mem))
+        doc = json.loads([l for l in err.splitlines() if l.startswith("{")][0])["all"]
+        n = lambda action: sum(1 for r in rows if r[2] == action)
+        check(n("allocate") == doc["allocs"] + doc["passthrough_allocs"] == 3, "allocate lines = allocations counted",
+              "%d lines, %s" % (n("allocate"), doc))
+        check(n("free") == doc["frees"] + doc["passthrough_frees"] == 3, "free lines = frees counted")
+        check(n("allocate failure") == doc["ooms"] == 1, "failure lines = ooms = 1",
+              "%d lines, ooms %d" % (n("allocate failure"), doc["ooms"]))
+
+
+def trace_pid():
+    """%p names one file per process; a second process never truncates the
+    first one's trace."""
+    with tempfile.TemporaryDirectory() as tmp:
+        pattern = os.path.join(tmp, "t-%p.csv")
+        go = os.path.join(tmp, "go")
+        procs = [run(["a:1M", "w:" + go, "a:2M"], {"EMM_LOG": pattern}, wait=False) for _ in range(2)]
+        time.sleep(0.2)
+        open(go, "w").write("go\n")
+        for p in procs:
+            p.communicate(timeout=60)
+        for p in procs:
+            path = os.path.join(tmp, "t-%d.csv" % p.pid)
+            ok = os.path.exists(path)
+            rows = read_trace(path)[1] if ok else []
+            check(ok and [r[4] for r in rows] == [str(1 << 20), str(2 << 20)],
+                  "EMM_LOG=t-%p.csv: process's own file with its own two events", str(os.listdir(tmp)))
+        # A fork child (which cannot use CUDA) leaves the parent's trace whole
+        # and, with %p, makes no file of its own.
+        p = run(["a:1M", "x:5M", "a:2M"], {"EMM_LOG": os.path.join(tmp, "f-%p.csv")}, wait=False)
+        p.communicate(timeout=60)
+        files = sorted(f for f in os.listdir(tmp) if f.startswith("f-"))
+        parent = os.path.join(tmp, "f-%d.csv" % p.pid)
+        check(files == [os.path.basename(parent)] and
+              [r[4] for r in read_trace(parent)[1]] == [str(1 << 20), str(2 << 20)],
+              "fork with EMM_LOG=f-%p.csv: the parent's file whole, none for the child", str(files))
+        forked = os.path.join(tmp, "forked.csv")
+        run(["a:1M", "x:5M", "a:2M"], {"EMM_LOG": forked})
+        check([r[4] for r in read_trace(forked)[1]] == [str(1 << 20), str(2 << 20)],
+              "fork without %p: the parent's trace whole", open(forked).read())
+        # The same file for two live processes: the second writes beside it.
+        log = os.path.join(tmp, "shared.csv")
+        ready, go2 = os.path.join(tmp, "ready"), os.path.join(tmp, "go2")
+        first = run(["a:1M", "t:" + ready, "w:" + go2, "a:2M"], {"EMM_LOG": log}, wait=False)
+        check(wait_for(ready), "the first process started")
+        p2 = run(["a:3M"], {"EMM_LOG": log, "EMM_VERBOSE": "0"}, wait=False)
+        out, err2 = p2.communicate(timeout=60)
+        open(go2, "w").write("go\n")
+        first.communicate(timeout=60)
+        rows = read_trace(log)[1]
+        check([r[4] for r in rows] == [str(1 << 20), str(2 << 20)], "the first process's trace is whole",
+              str(rows))
+        other = os.path.join(tmp, "shared.%d.csv" % p2.pid)
+        check(os.path.exists(other) and [r[4] for r in read_trace(other)[1]] == [str(3 << 20)],
+              "the second process wrote shared.PID.csv", str(os.listdir(tmp)))
+        check("is another process's trace" in err2 and other in err2, "and said so", err2)
+        # A finished process's trace is replaced, as any log file.
+        run(["a:4M"], {"EMM_LOG": log})
+        check([r[4] for r in read_trace(log)[1]] == [str(4 << 20)], "a finished run's trace is replaced")
+
+
+def runtime_oom():
+    """A cudaMalloc that fails is one failure, though libemm tries it twice
+    (its runtime fast path, then the driver shim under the real runtime)."""
+    runtime = sys.argv[5]
+    with tempfile.TemporaryDirectory() as tmp:
+        log = os.path.join(tmp, "trace.csv")
+        e = {k: v for k, v in os.environ.items() if not k.startswith("EMM_") and not k.startswith("FAKECUDA_")}
+        e.update({"LD_LIBRARY_PATH": FAKE_DIR + ":" + os.path.dirname(sys.argv[6]), "FAKECUDA_MEM_CAPACITY": "16M",
+                  "EMM_LOG": log, "EMM_STATS": "json",
+                  "LD_PRELOAD": os.environ.get("EMM_TEST_PRELOAD_FIRST", "") + LIB})
+        p = subprocess.run([runtime], env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        check(p.returncode == 0 and "served 4" in p.stdout, "four 4 MiB cudaMallocs, the fifth fails",
+              p.stdout + p.stderr)
+        doc = json.loads([l for l in p.stderr.splitlines() if l.startswith("{")][0])["all"]
+        rows = read_trace(log)[1]
+        fails = sum(1 for r in rows if r[2] == "allocate failure")
+        check(doc["ooms"] == 1 and fails == 1, "one failure counted, one traced",
+              "ooms %d, %d failure lines" % (doc["ooms"], fails))
+        check(len(lines_with(p.stderr, "out of memory: tried to allocate")) == 1, "one report", p.stderr)
+
+
 SCENARIOS = {
+    "runtime-oom": runtime_oom,
+    "trace": trace,
+    "trace-pid": trace_pid,
     "stats-json": stats_json,
     "stats-signal": stats_signal,
     "oom": oom,

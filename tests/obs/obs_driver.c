@@ -14,6 +14,7 @@
  *   s:MS     sleep MS milliseconds              k:SIG   raise signal SIG
  *   w:FILE   wait (up to 5 s) until FILE exists and is not empty
  *   t:FILE   create FILE with one line in it
+ *   x:SIZE   fork; the child's cuMemAlloc of SIZE must fail with CUDA_ERROR_NOT_INITIALIZED
  * SIZE takes a K or M suffix. Exit 0 when every step did what it must,
  * else 1 with the step on stderr.
  */
@@ -23,7 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_LIVE 256
 
@@ -117,6 +120,16 @@ static int step(const char *arg)
 		return raise(atoi(v));
 	case 'w':
 		return wait_file(v);
+	case 'x': {
+		/* As with the real driver, a fork child of an initialised
+		 * process cannot use CUDA: its allocation must fail so. */
+		pid_t pid = fork();
+		int status;
+		if (pid == 0)
+			_exit(cuMemAlloc(&d, parse_size(v)) == CUDA_ERROR_NOT_INITIALIZED ? 0 : 1);
+		return pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0
+		                                                                                                  : -1;
+	}
 	case 't': {
 		FILE *f = fopen(v, "w");
 		if (!f)

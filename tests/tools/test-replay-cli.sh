@@ -77,7 +77,7 @@ if run 0 --timeline "$tmp/tl.csv" "$D/rmm-sample.csv" &&
 else bad "--timeline"; fi
 
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1000,512,0x0\n1,1.1,allocate,0x2000\n' >"$tmp/bad.csv"
-if run 2 "$tmp/bad.csv" && has "bad.csv:3: expected 6 comma-separated columns"; then
+if run 2 "$tmp/bad.csv" && has "bad.csv:3: expected 6 or 7 comma-separated columns"; then
 	ok "a malformed line is named by file and line"
 else bad "malformed trace"; fi
 
