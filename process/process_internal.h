@@ -29,6 +29,7 @@
 
 #include "allocator/backend_loader.h"
 #include "allocator/heap.h"
+#include "allocator/snapshot.h"
 #include "common/compiler.h"
 #include "config/options.h"
 #include "process/process.h"
@@ -231,6 +232,15 @@ static inline int st_tls_device(void)
  * when the path has %p (trace_file.c). */
 void st_trace_start(void);
 void st_trace_fork_child(void);
+
+/* EMM_SNAPSHOT (snapshot.c): on when the option is set (read once, at
+ * initialisation); pool and segment events noted into a ring while on;
+ * the snapshot written to the path (%p expanded), 0 or a negative errno. */
+extern bool st_snapshot_on;
+void st_snapshot_setup(void);
+void st_snapshot_note(enum emm_snap_action action, uint64_t addr, uint64_t size, uint64_t stream);
+void st_snapshot_fork_child(void);
+int emm_snapshot_write(const char *pattern, const char *reason);
 
 /* The statistics at exit as EMM_STATS says, and the snapshot
  * (stats_dump.c); the EMM_STATS_SIGNAL handler and its helper thread,

@@ -71,10 +71,14 @@ static int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const voi
 		/* A graph being captured may use it (capture.c). */
 		emm_capture_note_alloc(addr, heap);
 		trace(EMM_TRACE_ALLOCATE, addr, size, stream, memory);
+		if (st_snapshot_on && memory == EMM_TRACE_DEVICE)
+			st_snapshot_note(EMM_SNAP_ALLOC, addr, size, (uint64_t)(uintptr_t)stream);
 		*ret_addr = addr;
 	} else if (r == -ENOMEM && report) {
 		emm_state_report_oom(heap, size);
 		trace(EMM_TRACE_ALLOCATE_FAILURE, 0, size, stream, memory);
+		if (st_snapshot_on && memory == EMM_TRACE_DEVICE)
+			st_snapshot_note(EMM_SNAP_OOM, 0, size, (uint64_t)(uintptr_t)stream);
 	} else if (r == -ENOMEM) {
 		tls_failed_size = size;
 		tls_failed_ns = now_ns();
@@ -136,8 +140,13 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 	emm_state_enter();
 	r = emm_state_free_block(addr, key, pinned, &requested);
 	emm_state_leave();
-	if (r == 0)
+	if (r == 0) {
 		trace(EMM_TRACE_FREE, addr, requested, stream, pinned ? EMM_TRACE_PINNED : EMM_TRACE_DEVICE);
+		if (st_snapshot_on && !pinned) {
+			st_snapshot_note(EMM_SNAP_FREE_REQUESTED, addr, requested, (uint64_t)(uintptr_t)stream);
+			st_snapshot_note(EMM_SNAP_FREE_COMPLETED, addr, requested, (uint64_t)(uintptr_t)stream);
+		}
+	}
 	else if (r == -EINVAL && what)
 		bad_free(what, addr);
 	return r;

@@ -211,6 +211,7 @@ static void state_init(void)
 		emm_warn("atexit failed: EMM_STATS will not print");
 	st_guard_setup();
 	st_enabled = true;
+	st_snapshot_setup();
 	st_stats_signal_setup();
 out:
 	tls_in_init = false;
@@ -281,6 +282,7 @@ static void fork_child(void)
 	emm_fence_fork_child();
 	st_vmm_fork_child();
 	st_trace_fork_child();
+	st_snapshot_fork_child();
 	st_stats_signal_fork_child();
 }
 

@@ -75,6 +75,8 @@ void st_stats_exit_report(void)
 
 	if (o->stats)
 		dump_stats("exit");
+	if (st_snapshot_on)
+		emm_snapshot_write(o->snapshot_file, "exit");
 }
 
 static void on_signal(int sig)
@@ -104,6 +106,8 @@ static void *helper_main(void *arg)
 			continue; /* the exit report is being written */
 		dump_stats("signal");
 		emm_trace_flush();
+		if (st_snapshot_on)
+			emm_snapshot_write(emm_state_options()->snapshot_file, "signal");
 	}
 }
 

@@ -22,6 +22,7 @@
 
 #include "allocator/backend_loader.h"
 #include "allocator/heap_options.h"
+#include "tools/replay_snapshot.h"
 
 struct worker {
 	struct replayer *rp;
@@ -365,6 +366,8 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 	res->wall_seconds = now_seconds() - t0;
 
 	emm_heap_add_stats(run.heap, &res->stats);
+	if (setup->snapshot && (r = replay_write_snapshot(setup->snapshot, t, run.heap, run.addr, res)) < 0)
+		snprintf(err, err_size, "cannot write the snapshot %s (%s)", setup->snapshot, strerror(-r));
 	emm_heap_destroy(run.heap, true);
 	backend_close(&b);
 out:

@@ -19,6 +19,10 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import snapshot_check  # noqa: E402
+from snapshot_check import wait_for  # noqa: E402
+
 LIB, FAKE_DIR, DRIVER, SCENARIO = sys.argv[1:5]
 passed = failed = 0
 
@@ -181,15 +185,6 @@ def stats_json():
     check(doc["state"] == "off" and doc["all"]["allocs"] == 0, "EMM_DISABLE=1: state 'off'", err)
 
 
-def wait_for(path, timeout=10.0):
-    end = time.time() + timeout
-    while time.time() < end:
-        if os.path.exists(path) and os.path.getsize(path) > 0:
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def stats_signal():
     with tempfile.TemporaryDirectory() as tmp:
         stats, trace, go = (os.path.join(tmp, n) for n in ("stats.json", "trace.csv", "go"))
@@ -333,7 +328,44 @@ def runtime_oom():
         check(len(lines_with(p.stderr, "out of memory: tried to allocate")) == 1, "one report", p.stderr)
 
 
+# --- EMM_SNAPSHOT -----------------------------------------------------------
+
+def snapshot():
+    with tempfile.TemporaryDirectory() as tmp:
+        snap, stats, go = (os.path.join(tmp, n) for n in ("snap-%p.pickle", "stats.json", "go"))
+        steps = ["a:1M", "a:1M", "a:1M", "a:4M", "a:4M", "A:2M", "h:4K", "f:1", "a:512K", "k:%d" % signal.SIGUSR2,
+                 "w:" + stats, "w:" + go, "f:0", "f:3"]
+        p = run(steps, {"EMM_SNAPSHOT": snap, "EMM_STATS": stats, "EMM_STATS_SIGNAL": "USR2"}, wait=False)
+        path = snap.replace("%p", str(p.pid))
+        ok = wait_for(stats) and wait_for(path)
+        check(ok, "the signal writes EMM_SNAPSHOT=snap-%p.pickle as snap-PID.pickle")
+        if ok:
+            time.sleep(0.1)  # the snapshot is renamed into place whole; the stats were first
+            s = pickle.load(open(path, "rb"))
+            doc = json.load(open(stats))
+            bad = snapshot_check.problems(s, doc)
+            check(not bad, "the signal's snapshot: PyTorch's format, blocks tile segments, counts match the "
+                  "statistics", "\n".join(bad))
+            trace = s["device_traces"][0] if s["device_traces"] else []
+            acts = [e["action"] for e in trace]
+            check(acts.count("alloc") == 7 and acts.count("free_requested") == 1 and
+                  acts.count("free_completed") == 1 and acts.count("segment_alloc") == doc["devices"][0]["backend_allocs"],
+                  "trace entries: 7 allocs, 1 free, a segment_alloc per backend allocation", str(acts))
+            check(len(s["segments"]) >= 3 and all(x["device"] == 0 for x in s["segments"]),
+                  "device segments only (pinned memory left out)", str(len(s["segments"])))
+        open(go, "w").write("go\n")
+        out, err = p.communicate(timeout=60)
+        check(p.returncode == 0, "the program runs on", err)
+        s = pickle.load(open(path, "rb"))
+        doc = json.load(open(stats))
+        bad = snapshot_check.problems(s, doc)
+        check(not bad, "the exit snapshot, against the exit statistics", "\n".join(bad))
+        acts = [e["action"] for e in s["device_traces"][0]]
+        check(acts.count("free_completed") == 3, "the exit snapshot's trace has the later frees", str(acts))
+
+
 SCENARIOS = {
+    "snapshot": snapshot,
     "runtime-oom": runtime_oom,
     "trace": trace,
     "trace-pid": trace_pid,
