@@ -66,7 +66,8 @@ static bool device_info(size_t *ret_free, size_t *ret_total)
 struct oom_facts {
 	size_t size, free, total, idle, largest;
 	uint64_t allocated, reserved, pending;
-	bool known; /* free and total known */
+	bool known;  /* free and total known */
+	bool pinned; /* pinned host memory */
 };
 
 /* Which setting would help, or what to do instead. */
@@ -81,7 +82,10 @@ static void hint(const struct oom_facts *f, char *buf, size_t n)
 	if (f->known)
 		emm_heap_params_fit(&p, f->total);
 	size_t seg = emm_heap_segment_size(&p, (f->size + 511) / 512 * 512);
-	if (!o->oom_retry) {
+	if (f->pinned) {
+		snprintf(buf, n, "pinned host memory is what the system lets the process lock (free RAM, ulimit "
+		         "-l); EMM_PINNED=off leaves it to the driver, uncached");
+	} else if (!o->oom_retry) {
 		snprintf(buf, n, "EMM_OOM_RETRY=on gives idle cached memory back and retries before failing");
 	} else if (unallocated >= f->size) {
 		if (!(st_backend.table->caps & EMM_BACKEND_CAP_REMAP))
@@ -124,7 +128,8 @@ void emm_state_report_oom(emm_heap_t *heap, size_t size)
 	f.allocated = s.allocated_bytes;
 	f.reserved = s.reserved_bytes;
 	f.pending = s.pending_bytes;
-	f.known = device != -2 && device_info(&f.free, &f.total);
+	f.pinned = device == -2;
+	f.known = !f.pinned && device_info(&f.free, &f.total);
 
 	if (device == -2)
 		snprintf(where, sizeof(where), "pinned host memory");

@@ -34,6 +34,8 @@
 
 static int sig_pipe[2] = {-1, -1};
 static unsigned sig_number;
+/* One dump at a time: the exit report may meet a signal's (same files). */
+static pthread_mutex_t dump_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void write_json(const struct emm_options *o, const char *reason)
 {
@@ -73,8 +75,10 @@ void st_stats_exit_report(void)
 {
 	const struct emm_options *o = emm_state_options();
 
+	pthread_mutex_lock(&dump_lock);
 	if (o->stats)
 		dump_stats("exit");
+	pthread_mutex_unlock(&dump_lock);
 	if (st_snapshot_on)
 		emm_snapshot_write(o->snapshot_file, "exit");
 }
@@ -101,10 +105,14 @@ static void *helper_main(void *arg)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
-			return NULL; /* the pipe is gone (a fork child replaced it) */
-		if (st_is_exiting())
+			return NULL; /* the pipe was closed: nothing more can come */
+		pthread_mutex_lock(&dump_lock);
+		if (st_is_exiting()) {
+			pthread_mutex_unlock(&dump_lock);
 			continue; /* the exit report is being written */
+		}
 		dump_stats("signal");
+		pthread_mutex_unlock(&dump_lock);
 		emm_trace_flush();
 		if (st_snapshot_on)
 			emm_snapshot_write(emm_state_options()->snapshot_file, "signal");
@@ -179,6 +187,7 @@ void st_stats_signal_fork_child(void)
 {
 	int old[2] = {sig_pipe[0], sig_pipe[1]};
 
+	pthread_mutex_init(&dump_lock, NULL); /* the parent's helper may have held it */
 	if (!sig_number)
 		return;
 	/* The parent's helper reads the inherited pipe: the child's handler

@@ -364,7 +364,18 @@ def snapshot():
         check(acts.count("free_completed") == 3, "the exit snapshot's trace has the later frees", str(acts))
 
 
+def disabled():
+    """EMM_DISABLE=1 with EMM_VERBOSE or EMM_STATS says that libemm is off."""
+    err = run(["a:1M"], {"EMM_DISABLE": "1", "EMM_VERBOSE": "1"})
+    check(re.search(r"^emm: libemm \S+ disabled \(EMM_DISABLE\): every call goes to the driver$", err, re.M),
+          "EMM_DISABLE=1 EMM_VERBOSE=1: one line says libemm is off", err)
+    err = run(["a:1M"], {"EMM_DISABLE": "1", "EMM_STATS": "1"})
+    check("statistics (libemm" in err and "off (EMM_DISABLE" in err, "EMM_DISABLE=1 EMM_STATS=1: the table says off",
+          err)
+
+
 SCENARIOS = {
+    "disabled": disabled,
     "snapshot": snapshot,
     "runtime-oom": runtime_oom,
     "trace": trace,
