@@ -140,6 +140,9 @@ static const char *const vmm_names[] = {
 	  "allocation needs its memory)")                                                             \
 	X(EPOCH_BYTES, epoch_bytes, SIZE, Z(64 * MIB), "bytes", FLAGS(F_NONZERO),                     \
 	  "Close the open free epoch after this many freed bytes")                                    \
+	X(PENDING_LIMIT, pending_limit, SIZE, Z(1024 * MIB), "bytes", NOLIMIT,                        \
+	  "A miss that would reserve more memory while this many freed bytes still wait for their "   \
+	  "fences first waits (bounded) for the oldest fences; 0: never wait")                        \
 	X(MEMINFO_CACHED, meminfo_cached, BOOL, B(true), "", NOLIMIT,                                 \
 	  "cuMemGetInfo counts idle cached memory as free")                                           \
 	X(PINNED, pinned, BOOL, B(true), "", NOLIMIT,                                                 \

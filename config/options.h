@@ -58,6 +58,7 @@ struct emm_options {
 	enum emm_opt_free_mode free_mode; /* EMM_FREE_MODE: fence|strict|stream */
 	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (32) */
 	size_t epoch_bytes;	   /* EMM_EPOCH_BYTES (64M) */
+	size_t pending_limit;	   /* EMM_PENDING_LIMIT (1G) */
 	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
@@ -85,6 +86,7 @@ enum emm_option_id {
 	EMM_OPT_FREE_MODE,
 	EMM_OPT_EPOCH_BLOCKS,
 	EMM_OPT_EPOCH_BYTES,
+	EMM_OPT_PENDING_LIMIT,
 	EMM_OPT_MEMINFO_CACHED,
 	EMM_OPT_PINNED,
 	EMM_OPT_RUNTIME_SHIMS,

@@ -10,7 +10,10 @@
 #
 # Variants: PyTorch's caching allocator; caching off
 # (PYTORCH_NO_CUDA_MEMORY_CACHING=1) with libemm preloaded in every rank,
-# one variant per backend in BACKENDS (default "driver"). GPUS defaults to 2.
+# one variant per word of BACKENDS (default "driver"): a backend name,
+# optionally followed by settings, e.g. "driver vmm driver:EMM_PENDING_LIMIT=0".
+# GPUS defaults to 2. DDP_STEPS: timed steps (40); DDP_STATS=1 keeps each
+# variant's EMM_STATS tables (stderr of the ranks) in the output.
 # Exit 77 without torch, NCCL or two GPUs.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -41,11 +44,20 @@ run() { # NAME ENV...
 
 for r in $(seq 1 "$rounds"); do
 	run torch-caching
-	for b in $backends; do
-		run "emm-$b" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$lib" EMM_BACKEND="$b"
+	for spec in $backends; do
+		IFS=: read -r -a parts <<<"$spec"
+		name="emm-${spec//:/,}"
+		run "$name" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$lib" EMM_BACKEND="${parts[0]}" \
+			${DDP_STATS:+EMM_STATS=1} "${parts[@]:1}"
 	done
 done
 cat "$tmp/out.txt" >&2
+if [ -n "${DDP_STATS:-}" ]; then
+	for f in "$tmp"/err-emm-*; do
+		echo "--- ${f##*/err-}: EMM_STATS" >&2
+		grep -v -E '^(W|I)[0-9]|warnings.warn|^ *$' "$f" | tail -70 >&2
+	done
+fi
 python3 - "$tmp/out.txt" "$rounds" "$steps" "$gpus" <<'PY'
 import collections, statistics, sys
 rows = collections.defaultdict(list)
