@@ -334,22 +334,25 @@ static size_t heaps_of_stream(emm_stream_t key, emm_heap_t **heaps)
 	return n;
 }
 
+static void stream_destroyed_in(emm_heap_t *heap, int device, void *arg)
+{
+	(void)device;
+	emm_heap_stream_destroyed(heap, *(const emm_stream_t *)arg);
+}
+
 void emm_state_stream_destroying(CUstream stream)
 {
-	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
 	emm_stream_t key = emm_state_stream_key(stream, false);
-	size_t n;
 
 	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
 	/* While the stream still lives: its ready blocks get a marker recorded
 	 * on it (or wait as orphans), and the heaps stop recording on it. The
-	 * registry keeps it until the destroy succeeds. */
-	emm_state_enter();
-	n = heaps_of_stream(key, heaps);
-	for (size_t i = 0; i < n; i++)
-		emm_heap_stream_destroyed(heaps[i], key);
-	emm_state_leave();
+	 * registry keeps it until the destroy succeeds. Every heap, not only
+	 * those of the stream's context: a cuMemFreeAsync of another device's
+	 * block on this stream left that block keyed to it in the owner's heap
+	 * (the walk's shared heap_life lock keeps the heaps alive). */
+	emm_state_for_each_heap(stream_destroyed_in, &key, false);
 }
 
 void emm_state_stream_destroy_failed(CUstream stream)
