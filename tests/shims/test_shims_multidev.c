@@ -392,6 +392,46 @@ TEST_BEGIN(test_context_destroy_leaves_other_device)
 }
 TEST_END
 
+/* A device-0 block freed on a stream of device 1, then that stream's
+ * context goes (a created context destroyed, then device 1's primary
+ * context reset): the block is device 0's to reuse and give back, not tied
+ * to a dead stream. */
+TEST_BEGIN(test_context_destroy_frees_foreign_stream_blocks)
+{
+	for (int reset = 0; reset < 2; reset++) {
+		CUdeviceptr big0;
+		CUcontext c2 = NULL;
+		CUstream s2;
+		struct emm_stats a0, b0;
+		size_t used0;
+
+		use(0);
+		(void)shims_release_idle(0, 0);
+		used0 = fakecuda_mem_used(0);
+		assert_int_eq(cuMemAlloc(&big0, 6 * MIB), CUDA_SUCCESS);
+		if (reset)
+			use(1);
+		else
+			assert_int_eq(cuCtxCreate(&c2, NULL, 0, 1), CUDA_SUCCESS);
+		assert_int_eq(cuStreamCreate(&s2, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+		a0 = st(0);
+		expect_int_eq(cuMemFreeAsync(big0, s2), CUDA_SUCCESS);
+		expect_u64_eq(st(0).frees - a0.frees, 1);
+		if (reset) {
+			assert_int_eq(cuDevicePrimaryCtxReset(1), CUDA_SUCCESS);
+			assert_int_eq(cuDevicePrimaryCtxRetain(&g_ctx[1], 1), CUDA_SUCCESS);
+		} else {
+			assert_int_eq(cuCtxDestroy(c2), CUDA_SUCCESS);
+		}
+		use(0);
+		(void)shims_release_idle(0, 0);
+		b0 = st(0);
+		expect_u64_eq(b0.reserved_bytes, b0.allocated_bytes);
+		expect_u64_eq(fakecuda_mem_used(0), used0);
+	}
+}
+TEST_END
+
 /* --- peer access and peer copies ----------------------------------------- */
 
 #define P(name, expr) printf("%-28s %d\n", name, (int)(expr))
@@ -883,7 +923,8 @@ int main(int argc, char **argv)
 	setup_devices();
 	return emm_test_run(test_heaps_per_device, test_cross_device_free_goes_to_owner,
 	                    test_pointer_queries_name_owner, test_meminfo_per_device,
-	                    test_context_destroy_leaves_other_device, test_peer_codes_match_driver,
+	                    test_context_destroy_leaves_other_device,
+	                    test_context_destroy_frees_foreign_stream_blocks, test_peer_codes_match_driver,
 	                    test_peer_copies_of_pool_blocks, test_vmm_per_device,
 	                    test_threads_per_device_with_cross_frees, test_stats_exit_lists_both_devices, NULL);
 }
