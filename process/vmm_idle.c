@@ -210,8 +210,10 @@ void vmm_make_idle(struct vbuf *v)
 	st_unlock(&vmm_lock);
 	if (threshold == SIZE_MAX)
 		return;
-	/* Idle VMM memory counts with the heaps' idle memory of the device. */
-	idle = emm_state_idle_bytes_current_device();
+	/* Idle VMM memory counts with the heaps' idle memory of its device
+	 * (v's, not the current context's: the program may free a buffer of
+	 * device 1 while device 0's context is current). */
+	idle = st_idle_bytes_device(v->device);
 	if (idle > threshold) {
 		size_t mine = st_vmm_idle_bytes(v->device), excess = idle - threshold;
 		(void)release_idle(v->device, mine > excess ? mine - excess : 0);
