@@ -157,7 +157,10 @@ static const char *const vmm_names[] = {
 	  "are left to them, not freed")                                                              \
 	X(VMM, vmm, ENUM, U(EMM_OPT_VMM_CACHE), "", NAMES(vmm_names),                                 \
 	  "VMM calls (cuMemCreate, cuMemMap, ...): cache (whole freed buffers kept mapped for the "   \
-	  "next matching allocation), count (passed through, counted), off (passed through)")
+	  "next matching allocation), count (passed through, counted), off (passed through)")         \
+	X(VMM_REAP_MS, vmm_reap_ms, UINT, U(5), "ms", RANGE(1, 60000),                                 \
+	  "How long a VMM unmap or release that may begin a whole-buffer free waits for the rest "     \
+	  "before it is made real")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

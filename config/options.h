@@ -65,6 +65,7 @@ struct emm_options {
 	unsigned arenas;	   /* EMM_ARENAS: small-pool arenas per heap (0: one per CPU, <= 8) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
+	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */
 };
 
 /* Row ids, in table order. */
@@ -93,6 +94,7 @@ enum emm_option_id {
 	EMM_OPT_ARENAS,
 	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT_VMM,
+	EMM_OPT_VMM_REAP_MS,
 	EMM_OPT__COUNT
 };
 
