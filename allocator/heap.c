@@ -258,6 +258,7 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	}
 	h->owner = owner;
 	h->p = *params;
+	h->pending_limit = params->pending_limit;
 	if (h->p.epoch_max_blocks == 0)
 		h->p.epoch_max_blocks = 1;
 	h->src = *src;

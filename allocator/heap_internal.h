@@ -197,6 +197,7 @@ struct arena {
 	struct emm_fence *last_fence_owner; /* pending fence whose events[0] it is */
 	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
 	bool warned_query;
+	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
 };
 
 /*
@@ -518,6 +519,8 @@ int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct 
 
 /* Fence, synchronize and release everything idle in the arena (lock held,
  * dropped around ops); then in the other arenas, one locked at a time. */
+bool emm_heap_pending_wait(struct arena *h, unsigned pool, size_t rounded, emm_stream_t stream,
+                           struct emm_block **ret);
 void emm_heap_oom_recover(struct arena *h);
 void emm_heap_oom_recover_others(struct arena *h);
 

@@ -30,6 +30,7 @@ void emm_heap_params_from_options(const struct emm_options *o, struct emm_heap_p
 	}
 	p->epoch_max_blocks = o->epoch_blocks;
 	p->epoch_max_bytes = o->epoch_bytes;
+	p->pending_limit = o->pending_limit;
 	p->arenas = o->arenas;
 }
 

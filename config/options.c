@@ -152,6 +152,9 @@ static const char *const vmm_names[] = {
 	  "allocation needs its memory)")                                                             \
 	X(EPOCH_BYTES, epoch_bytes, SIZE, Z(64 * MIB), "bytes", FLAGS(F_NONZERO),                     \
 	  "Close the open free epoch after this many freed bytes")                                    \
+	X(PENDING_LIMIT, pending_limit, SIZE, Z(1024 * MIB), "bytes", NOLIMIT,                        \
+	  "A miss that would reserve more memory while this many freed bytes still wait for their "   \
+	  "fences first waits (bounded) for the oldest fences; 0: never wait")                        \
 	X(MEMINFO_CACHED, meminfo_cached, BOOL, B(true), "", NOLIMIT,                                 \
 	  "cuMemGetInfo counts idle cached memory as free")                                           \
 	X(PINNED, pinned, BOOL, B(true), "", NOLIMIT,                                                 \
@@ -166,7 +169,10 @@ static const char *const vmm_names[] = {
 	  "are left to them, not freed")                                                              \
 	X(VMM, vmm, ENUM, U(EMM_OPT_VMM_CACHE), "", NAMES(vmm_names),                                 \
 	  "VMM calls (cuMemCreate, cuMemMap, ...): cache (whole freed buffers kept mapped for the "   \
-	  "next matching allocation), count (passed through, counted), off (passed through)")
+	  "next matching allocation), count (passed through, counted), off (passed through)")         \
+	X(VMM_REAP_MS, vmm_reap_ms, UINT, U(5), "ms", RANGE(1, 60000),                                 \
+	  "How long a VMM unmap or release that may begin a whole-buffer free waits for the rest "     \
+	  "before it is made real")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

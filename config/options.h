@@ -62,12 +62,14 @@ struct emm_options {
 	enum emm_opt_free_mode free_mode; /* EMM_FREE_MODE: fence|strict|stream */
 	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (32) */
 	size_t epoch_bytes;	   /* EMM_EPOCH_BYTES (64M) */
+	size_t pending_limit;	   /* EMM_PENDING_LIMIT (1G) */
 	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
 	unsigned arenas;	   /* EMM_ARENAS: small-pool arenas per heap (0: one per CPU, <= 8) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
+	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */
 };
 
 /* Row ids, in table order. */
@@ -91,12 +93,14 @@ enum emm_option_id {
 	EMM_OPT_FREE_MODE,
 	EMM_OPT_EPOCH_BLOCKS,
 	EMM_OPT_EPOCH_BYTES,
+	EMM_OPT_PENDING_LIMIT,
 	EMM_OPT_MEMINFO_CACHED,
 	EMM_OPT_PINNED,
 	EMM_OPT_RUNTIME_SHIMS,
 	EMM_OPT_ARENAS,
 	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT_VMM,
+	EMM_OPT_VMM_REAP_MS,
 	EMM_OPT__COUNT
 };
 

@@ -539,6 +539,21 @@ void emm_state_primary_reset(CUdevice dev)
 		;
 }
 
+CUcontext emm_state_primary_resetting(CUdevice dev)
+{
+	CUcontext ctx = NULL;
+
+	if (!st_is_enabled() || st_is_exiting())
+		return NULL;
+	st_lock(&st_ctx_lock);
+	for (size_t i = 0; i < ctx_count && !ctx; i++)
+		if (match_primary(ctx_list[i], &dev))
+			ctx = ctx_list[i]->ctx;
+	st_unlock(&st_ctx_lock);
+	emm_state_context_destroying(ctx);
+	return ctx;
+}
+
 void emm_state_primary_released(CUdevice dev)
 {
 	const struct emm_real_driver_table *real = st_real_table();

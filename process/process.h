@@ -368,6 +368,14 @@ int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t 
 
 /* --- context teardown -------------------------------------------------- */
 
+/* Before the driver destroys (or resets) ctx: its streams go as if each
+ * were destroyed, in every heap (another device's heap may hold blocks
+ * freed on them). After a failed destroy they are announced again. */
+void emm_state_context_destroying(CUcontext ctx);
+void emm_state_context_destroy_failed(CUcontext ctx);
+/* Before a reset of dev's primary context: the same for it, if we know it;
+ * its handle (NULL if not) for emm_state_context_destroy_failed. */
+CUcontext emm_state_primary_resetting(CUdevice dev);
 /* Forget the heaps of a context the driver destroyed (no driver calls). */
 void emm_state_context_destroyed(CUcontext ctx);
 /* Forget the heaps of the primary context of `dev` (after a reset). */

@@ -340,6 +340,9 @@ void st_vmm_fork_child(void);
 
 /* --- stats.c ------------------------------------------------------------- */
 
+/* Idle bytes libemm holds on `device`: its heaps' free blocks (every
+ * context of the device) and its idle VMM buffers. */
+size_t st_idle_bytes_device(int device);
 /* A heap is about to be destroyed: keep its counters for EMM_STATS.
  * st_heap_life_lock held exclusive. */
 void st_stats_retire(emm_heap_t *heap);

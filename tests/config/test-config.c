@@ -96,9 +96,10 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->large_round == b->large_round && a->max_split == b->max_split &&
 	       a->roundup_divisions == b->roundup_divisions && a->release_threshold == b->release_threshold &&
 	       a->oom_retry == b->oom_retry && a->free_mode == b->free_mode && a->epoch_blocks == b->epoch_blocks &&
-	       a->epoch_bytes == b->epoch_bytes && a->meminfo_cached == b->meminfo_cached &&
+	       a->epoch_bytes == b->epoch_bytes && a->pending_limit == b->pending_limit && a->meminfo_cached == b->meminfo_cached &&
 	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas &&
-	       a->teardown_wait == b->teardown_wait && a->vmm == b->vmm;
+	       a->teardown_wait == b->teardown_wait && a->vmm == b->vmm &&
+	       a->vmm_reap_ms == b->vmm_reap_ms;
 }
 
 /* ------------------------------------------------------------------------
@@ -125,7 +126,9 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_int_eq(o->epoch_blocks, 32);
 	expect_int_eq(o->arenas, 0);
 	expect_int_eq(o->teardown_wait, 2000);
+	expect_int_eq(o->vmm_reap_ms, 5);
 	expect_u64_eq(o->epoch_bytes, 64u << 20);
+	expect_u64_eq(o->pending_limit, 1024u << 20);
 	expect_true(o->meminfo_cached);
 	expect_true(o->pinned);
 	expect_true(o->runtime_shims);
@@ -178,12 +181,14 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_FREE_MODE=Stream",
 		"EMM_EPOCH_BLOCKS=65536",
 		"EMM_EPOCH_BYTES=1T",
+		"EMM_PENDING_LIMIT=256M",
 		"EMM_MEMINFO_CACHED=False",
 		"EMM_PINNED=0",
 		"EMM_RUNTIME_SHIMS=NO",
 		"EMM_ARENAS=4",
 		"EMM_TEARDOWN_WAIT=250",
 		"EMM_VMM=Count",
+		"EMM_VMM_REAP_MS=250",
 		NULL,
 	};
 	struct parsed p;
@@ -211,9 +216,11 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_u64_eq(p.o.release_threshold, 0);
 	expect_false(p.o.oom_retry);
 	expect_int_eq(p.o.teardown_wait, 250);
+	expect_int_eq(p.o.vmm_reap_ms, 250);
 	expect_int_eq(p.o.free_mode, EMM_OPT_FREE_STREAM);
 	expect_int_eq(p.o.epoch_blocks, 65536);
 	expect_u64_eq(p.o.epoch_bytes, (uint64_t)1 << 40);
+	expect_u64_eq(p.o.pending_limit, 256u << 20);
 	expect_false(p.o.meminfo_cached);
 	expect_false(p.o.pinned);
 	expect_false(p.o.runtime_shims);
@@ -232,8 +239,8 @@ TEST_BEGIN(test_option_names)
 		"DISABLE",	 "VERBOSE",	"STATS",	  "STATS_SIGNAL", "SNAPSHOT", "LOG", "BACKEND",
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
-		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",	 "TEARDOWN_WAIT", "VMM",
+		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "PENDING_LIMIT", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
+		"ARENAS",	 "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 
