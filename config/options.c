@@ -241,27 +241,6 @@ static const struct {
  * Formatting values (settings lines, warnings, the Markdown table)
  * ------------------------------------------------------------------------ */
 
-/* A size the way a user would write it: the largest binary unit that
- * divides it exactly, so the text parses back to the same value. */
-void emm_options_format_size(size_t z, char *buf, size_t n)
-{
-	static const char units[] = "KMGT";
-	int u = -1;
-
-	if (z == SIZE_MAX) {
-		snprintf(buf, n, "unlimited");
-		return;
-	}
-	while (z != 0 && u < 3 && (z & 1023) == 0) {
-		z >>= 10;
-		u++;
-	}
-	if (u < 0)
-		snprintf(buf, n, "%zu", z);
-	else
-		snprintf(buf, n, "%zu%c", z, units[u]);
-}
-
 static const void *field_of(const struct emm_options *o, const struct opt_row *r)
 {
 	return (const char *)o + r->offset;

@@ -1,14 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * config/text.c - text helpers of the option parser's warnings (text.h):
- * echoing a value from the environment safely, and how far a misspelt
- * name is from an option's.
+ * config/text.c - text helpers of the option parser (text.h): echoing a
+ * value from the environment safely, how far a misspelt name is from an
+ * option's, and sizes written the way a user writes them
+ * (emm_options_format_size, options.h).
  */
 #include "config/text.h"
 
+#include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "config/ascii.h"
+#include "config/options.h"
 
 /* A value from the environment, safe to echo: printable ASCII only, cut. */
 void emm_cfg_echo(const char *s, char *buf, size_t n)
@@ -46,4 +50,25 @@ size_t emm_cfg_edit_distance(const char *a, size_t la, const char *b)
 		}
 	}
 	return row[la];
+}
+
+/* A size the way a user would write it: the largest binary unit that
+ * divides it exactly, so the text parses back to the same value. */
+void emm_options_format_size(size_t z, char *buf, size_t n)
+{
+	static const char units[] = "KMGT";
+	int u = -1;
+
+	if (z == SIZE_MAX) {
+		snprintf(buf, n, "unlimited");
+		return;
+	}
+	while (z != 0 && u < 3 && (z & 1023) == 0) {
+		z >>= 10;
+		u++;
+	}
+	if (u < 0)
+		snprintf(buf, n, "%zu", z);
+	else
+		snprintf(buf, n, "%zu%c", z, units[u]);
 }
