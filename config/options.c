@@ -154,7 +154,11 @@ static const char *const vmm_names[] = {
 	  "are left to them, not freed")                                                              \
 	X(VMM, vmm, ENUM, U(EMM_OPT_VMM_CACHE), "", NAMES(vmm_names),                                 \
 	  "VMM calls (cuMemCreate, cuMemMap, ...): cache (whole freed buffers kept mapped for the "   \
-	  "next matching allocation), count (passed through, counted), off (passed through)")
+	  "next matching allocation), count (passed through, counted), off (passed through)")       \
+	/* A directory: ignored under AT_SECURE like the other paths. */                              \
+	X(IPC_DIR, ipc_dir, STRING, S("/dev/shm"), "path", FLAGS(F_NONEMPTY | F_SECURE),              \
+	  "Directory of the per-user registry through which libemm processes open each other's IPC "   \
+	  "handles of sub-allocated blocks; ignored in setuid programs")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

@@ -64,6 +64,7 @@ struct emm_options {
 	unsigned arenas;	   /* EMM_ARENAS: small-pool arenas per heap (0: one per CPU, <= 8) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
+	char ipc_dir[256];	   /* EMM_IPC_DIR: where the IPC registry lives (/dev/shm) */
 };
 
 /* Row ids, in table order. */
@@ -91,6 +92,7 @@ enum emm_option_id {
 	EMM_OPT_ARENAS,
 	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT_VMM,
+	EMM_OPT_IPC_DIR,
 	EMM_OPT__COUNT
 };
 
@@ -122,7 +124,7 @@ int emm_parse_size(const char *s, bool allow_unlimited, size_t *ret);
 int emm_parse_uint(const char *s, unsigned min, unsigned max, unsigned *ret);
 
 /* emm_options_parse with the secure mode given instead of read from
- * getauxval(AT_SECURE): when `secure`, EMM_BACKEND and EMM_LOG are ignored
+ * getauxval(AT_SECURE): when `secure`, EMM_BACKEND, EMM_LOG and EMM_IPC_DIR are ignored
  * with a warning (a setuid program must not dlopen or write where its
  * invoker says). For tests. */
 void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum emm_option_source *sources,

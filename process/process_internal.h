@@ -276,6 +276,9 @@ size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out);
 
 void st_contexts_fork_child(void);
 
+/* The context whose heap `heap` is (device or pinned); NULL if none. */
+CUcontext st_heap_context(const emm_heap_t *heap);
+
 /* --- pinned.c ------------------------------------------------------------ */
 
 void st_pinned_fork_child(void);
@@ -317,6 +320,16 @@ void st_vmm_fork_child(void);
  * st_heap_life_lock held exclusive. */
 void st_stats_retire(emm_heap_t *heap);
 void st_stats_fork_child(void);
+
+/* --- ipc.c ---------------------------------------------------------------- */
+
+/* The heap gives back device segment (ctx, base): true when it has IPC
+ * exports, so it stays allocated (the backend free is skipped). */
+bool st_ipc_keep_segment(CUcontext ctx, emm_addr_t base, size_t size);
+/* The context is gone: forget its exports, kept segments and imports (no
+ * driver calls: its memory went with it). */
+void st_ipc_context_dropped(CUcontext ctx);
+void st_ipc_fork_child(void);
 
 /* --- capture.c and quarantine.c: one idea in two files ------------------- */
 

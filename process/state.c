@@ -284,6 +284,7 @@ static void fork_child(void)
 	st_guard_fork_child();
 	emm_fence_fork_child();
 	st_vmm_fork_child();
+	st_ipc_fork_child();
 	if (emm_trace_enabled())
 		emm_trace_fork_child();
 }
