@@ -185,8 +185,10 @@ static CUresult ipc_open(ipc_open_fn real, CUdeviceptr *pdptr, CUipcMemHandle ha
 		return got == -ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
 	if (got == 0) {
 		r = real(&base, im.segment, flags);
-		if (r != CUDA_SUCCESS)
+		if (r != CUDA_SUCCESS) {
+			emm_ipc_import_failed(&im);
 			return r;
+		}
 		got = emm_ipc_import_done(&im, (emm_addr_t)base, &ptr);
 		if (got != 0) {
 			(void)CALL_REAL(cuIpcCloseMemHandle, base);

@@ -45,9 +45,13 @@ struct ipc_handle {
 };
 _Static_assert(sizeof(struct ipc_handle) == CU_IPC_HANDLE_SIZE, "a libemm handle is a CUipcMemHandle");
 
-/* One registry entry (a slot of the file). */
+/* One registry entry (a slot of the file): an export (owner: the
+ * exporter, serial: its handle's) or an import (owner: a process that has
+ * the segment open through a libemm handle; serial, offset and size 0). */
+enum { IPC_SLOT_FREE, IPC_SLOT_EXPORT, IPC_SLOT_IMPORT };
 struct ipc_entry {
-	uint64_t used; /* 0: free slot */
+	uint32_t kind; /* IPC_SLOT_*; written last */
+	uint32_t reserved;
 	uint64_t serial;
 	struct ipc_owner owner;
 	uint64_t offset;   /* of the block in the segment */
@@ -67,20 +71,28 @@ bool ipc_owner_alive(const struct ipc_owner *owner);
  * The registry under `dir` (EMM_IPC_DIR), opened on first use. Each call
  * takes the file's lock (flock) for its duration; callers serialise their
  * threads themselves (ipc.c's lock): flock does not exclude threads of one
- * process.
- *   add:    store *e in a free slot (one of a dead exporter's is reclaimed
- *           when none is free): 0, -ENOSPC (full), or the open's error.
- *   find:   the entry of (owner, serial): 0 and *ret, -ENOENT.
- *   remove: drop the entries of `self` whose serial `drop(arg, serial)`
- *           approves (NULL: all of them).
+ * process. A full registry reclaims one slot of a dead process.
+ *   add:      store the export *e: 0, -ENOSPC (full), or the open's error.
+ *   open:     the export (owner, serial): 0 and *ret, -ENOENT; with it an
+ *             import record of (`importer`, its segment) is added unless
+ *             there is one (-ENOSPC: none could be).
+ *   unimport: drop the import record of (`importer`, segment).
+ *   release:  the exporter `self` gives `segment` back: -EBUSY while a
+ *             live process has it imported; else its export entries are
+ *             dropped (their handles no longer open) and 0.
+ *   remove:   drop the entries of `self` (exports and imports) whose
+ *             segment `drop(arg, entry)` approves.
  * The open fails with -EPERM when the file is not the user's own regular
  * file of mode 0600 (or narrower), -EPROTO when its layout is not this
  * version's; the reason is warned once.
  */
 int ipc_registry_add(const char *dir, const struct ipc_entry *e);
-int ipc_registry_find(const char *dir, const struct ipc_owner *owner, uint64_t serial, struct ipc_entry *ret);
-void ipc_registry_remove(const char *dir, const struct ipc_owner *self, bool (*drop)(void *arg, uint64_t serial),
-                         void *arg);
+int ipc_registry_open(const char *dir, const struct ipc_owner *owner, uint64_t serial,
+                      const struct ipc_owner *importer, struct ipc_entry *ret);
+void ipc_registry_unimport(const char *dir, const struct ipc_owner *importer, const CUipcMemHandle *segment);
+int ipc_registry_release(const char *dir, const struct ipc_owner *self, const CUipcMemHandle *segment);
+void ipc_registry_remove(const char *dir, const struct ipc_owner *self,
+                         bool (*drop)(void *arg, const struct ipc_entry *e), void *arg);
 /* In a fork child: the parent's open file is shared with it (its flock
  * too): close it here, reopen on next use. */
 void ipc_registry_fork_child(void);

@@ -12,9 +12,11 @@
  * other permission bits (anything else is refused, with one warning: IPC of
  * sub-allocated blocks is then refused too). Every access holds flock on
  * the file, so a process that dies mid-update leaves no lock behind; a
- * slot is written in full before its `used` word is set, and read only
- * under the lock. Entries of dead exporters are reclaimed when no slot is
- * free; an exporter whose pid was reused is told by its start time.
+ * slot is written in full before its `kind` word is set, and read only
+ * under the lock. Besides the exports, importers record which segments
+ * they have open, so that an exporter keeps a segment only while someone
+ * may use it. Entries of dead processes are ignored and reclaimed when no
+ * slot is free; a process whose pid was reused is told by its start time.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -225,62 +227,118 @@ static int lock_open(const char *dir, int how)
 	return r;
 }
 
+static bool same_segment(const struct ipc_entry *s, const CUipcMemHandle *segment)
+{
+	return memcmp(&s->segment, segment, sizeof(*segment)) == 0;
+}
+
+/* Store *e in a free slot, or one of a dead process. flock held. */
+static int add_locked(const struct ipc_entry *e)
+{
+	struct ipc_entry *to = NULL, copy = *e;
+
+	for (unsigned i = 0; i < REG_SLOTS && !to; i++)
+		if (slot(i)->kind == IPC_SLOT_FREE)
+			to = slot(i);
+	for (unsigned i = 0; i < REG_SLOTS && !to; i++)
+		if (!ipc_owner_alive(&slot(i)->owner))
+			to = slot(i);
+	if (!to)
+		return -ENOSPC;
+	to->kind = IPC_SLOT_FREE;
+	copy.kind = IPC_SLOT_FREE;
+	*to = copy;
+	atomic_thread_fence(memory_order_release);
+	to->kind = e->kind;
+	return 0;
+}
+
 int ipc_registry_add(const char *dir, const struct ipc_entry *e)
 {
-	struct ipc_entry *free_slot = NULL, *dead = NULL;
 	int r = lock_open(dir, LOCK_EX);
 
 	if (r != 0)
 		return r;
-	for (unsigned i = 0; i < REG_SLOTS && !free_slot; i++)
-		if (!slot(i)->used)
-			free_slot = slot(i);
-	/* Full: take a slot of an exporter that is gone. */
-	for (unsigned i = 0; i < REG_SLOTS && !free_slot && !dead; i++)
-		if (!ipc_owner_alive(&slot(i)->owner))
-			dead = slot(i);
-	if (!free_slot)
-		free_slot = dead;
-	if (free_slot) {
-		struct ipc_entry copy = *e;
-		copy.used = 0;
-		*free_slot = copy;
-		atomic_thread_fence(memory_order_release);
-		free_slot->used = 1;
-	} else {
-		r = -ENOSPC;
-	}
+	r = add_locked(e);
 	flock(reg_fd, LOCK_UN);
 	return r;
 }
 
-int ipc_registry_find(const char *dir, const struct ipc_owner *owner, uint64_t serial, struct ipc_entry *ret)
+int ipc_registry_open(const char *dir, const struct ipc_owner *owner, uint64_t serial,
+                      const struct ipc_owner *importer, struct ipc_entry *ret)
 {
-	int r = lock_open(dir, LOCK_SH);
+	const struct ipc_entry *found = NULL;
+	bool recorded = false;
+	int r = lock_open(dir, LOCK_EX);
 
 	if (r != 0)
 		return r;
-	r = -ENOENT;
-	for (unsigned i = 0; i < REG_SLOTS && r; i++) {
+	for (unsigned i = 0; i < REG_SLOTS && !found; i++) {
 		const struct ipc_entry *s = slot(i);
-		if (s->used && s->serial == serial && same_owner(&s->owner, owner)) {
-			*ret = *s;
-			r = 0;
-		}
+		if (s->kind == IPC_SLOT_EXPORT && s->serial == serial && same_owner(&s->owner, owner))
+			found = s;
+	}
+	for (unsigned i = 0; i < REG_SLOTS && found && !recorded; i++) {
+		const struct ipc_entry *s = slot(i);
+		recorded = s->kind == IPC_SLOT_IMPORT && same_owner(&s->owner, importer) &&
+		           same_segment(s, &found->segment);
+	}
+	r = found ? 0 : -ENOENT;
+	if (found) {
+		/* (the slot may be reclaimed by the add: its exporter may be gone) */
+		struct ipc_entry exp = *found;
+		struct ipc_entry imp = {.kind = IPC_SLOT_IMPORT, .owner = *importer, .seg_size = exp.seg_size,
+		                        .segment = exp.segment};
+		if (!recorded)
+			r = add_locked(&imp);
+		if (r == 0)
+			*ret = exp;
 	}
 	flock(reg_fd, LOCK_UN);
 	return r;
 }
 
-void ipc_registry_remove(const char *dir, const struct ipc_owner *self, bool (*drop)(void *arg, uint64_t serial),
-                         void *arg)
+void ipc_registry_unimport(const char *dir, const struct ipc_owner *importer, const CUipcMemHandle *segment)
 {
 	if (lock_open(dir, LOCK_EX) != 0)
 		return;
 	for (unsigned i = 0; i < REG_SLOTS; i++) {
 		struct ipc_entry *s = slot(i);
-		if (s->used && same_owner(&s->owner, self) && (!drop || drop(arg, s->serial)))
-			s->used = 0;
+		if (s->kind == IPC_SLOT_IMPORT && same_owner(&s->owner, importer) && same_segment(s, segment))
+			s->kind = IPC_SLOT_FREE;
+	}
+	flock(reg_fd, LOCK_UN);
+}
+
+int ipc_registry_release(const char *dir, const struct ipc_owner *self, const CUipcMemHandle *segment)
+{
+	int r = lock_open(dir, LOCK_EX);
+
+	if (r != 0)
+		return r;
+	for (unsigned i = 0; i < REG_SLOTS && r == 0; i++) {
+		const struct ipc_entry *s = slot(i);
+		if (s->kind == IPC_SLOT_IMPORT && same_segment(s, segment) && ipc_owner_alive(&s->owner))
+			r = -EBUSY;
+	}
+	for (unsigned i = 0; i < REG_SLOTS && r == 0; i++) {
+		struct ipc_entry *s = slot(i);
+		if (s->kind == IPC_SLOT_EXPORT && same_owner(&s->owner, self) && same_segment(s, segment))
+			s->kind = IPC_SLOT_FREE;
+	}
+	flock(reg_fd, LOCK_UN);
+	return r;
+}
+
+void ipc_registry_remove(const char *dir, const struct ipc_owner *self,
+                         bool (*drop)(void *arg, const struct ipc_entry *e), void *arg)
+{
+	if (lock_open(dir, LOCK_EX) != 0)
+		return;
+	for (unsigned i = 0; i < REG_SLOTS; i++) {
+		struct ipc_entry *s = slot(i);
+		if (s->kind != IPC_SLOT_FREE && same_owner(&s->owner, self) && drop(arg, s))
+			s->kind = IPC_SLOT_FREE;
 	}
 	flock(reg_fd, LOCK_UN);
 }

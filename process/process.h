@@ -546,13 +546,14 @@ void emm_vmm_runtime_pool_leave(void);
  *   emm_ipc_export_done   0 and the libemm handle of the block in
  *                         *ret_handle; -ENOTSUP: it cannot be registered
  *                         (registry unusable or full; warned once).
- * Either way the segment stays allocated while its context lives (ipc.c
- * says why).
+ * A segment with blocks exported stays allocated while another process has
+ * it open (ipc.c says how long exactly).
  */
+struct ctx_entry;
 struct emm_ipc_export {
 	emm_addr_t segment_base;
 	size_t segment_size, offset, size;
-	CUcontext ctx;
+	struct ctx_entry *entry; /* the context of the block's heap */
 };
 int emm_ipc_export_begin(emm_addr_t dptr, struct emm_ipc_export *ex);
 int emm_ipc_export_done(const struct emm_ipc_export *ex, const CUipcMemHandle *segment, CUipcMemHandle *ret_handle);
@@ -569,7 +570,8 @@ int emm_ipc_export_done(const struct emm_ipc_export *ex, const CUipcMemHandle *s
  *   emm_ipc_import_done   with the driver's mapping `base`: 0 and *ret_ptr
  *                         (base + the block's offset); -EINVAL: the mapping
  *                         does not hold the block, -ENOMEM: the caller
- *                         closes `base` once and fails the call.
+ *                         closes `base` once and fails the call; or, when
+ *                         the driver's open failed, emm_ipc_import_failed.
  */
 struct emm_ipc_import {
 	CUipcMemHandle segment;
@@ -578,6 +580,8 @@ struct emm_ipc_import {
 };
 int emm_ipc_import_begin(const CUipcMemHandle *handle, struct emm_ipc_import *im, emm_addr_t *ret_ptr);
 int emm_ipc_import_done(const struct emm_ipc_import *im, emm_addr_t base, emm_addr_t *ret_ptr);
+/* The driver refused to open im->segment (its code is the answer). */
+void emm_ipc_import_failed(const struct emm_ipc_import *im);
 /* cuIpcCloseMemHandle(ptr): -ENOENT: no open of a libemm handle gave ptr
  * (the driver answers). -EINVAL: ptr lies in a segment opened through
  * libemm handles but no open gave it (CUDA_ERROR_INVALID_VALUE; a program

@@ -276,8 +276,8 @@ size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out);
 
 void st_contexts_fork_child(void);
 
-/* The context whose heap `heap` is (device or pinned); NULL if none. */
-CUcontext st_heap_context(const emm_heap_t *heap);
+/* The entry whose heap `heap` is (device or pinned); NULL if none. */
+struct ctx_entry *st_heap_entry(const emm_heap_t *heap);
 
 /* --- pinned.c ------------------------------------------------------------ */
 
@@ -323,12 +323,17 @@ void st_stats_fork_child(void);
 
 /* --- ipc.c ---------------------------------------------------------------- */
 
-/* The heap gives back device segment (ctx, base): true when it has IPC
- * exports, so it stays allocated (the backend free is skipped). */
-bool st_ipc_keep_segment(CUcontext ctx, emm_addr_t base, size_t size);
+/* The heap of `entry` gives back device segment `base`: true when the
+ * segment has IPC exports that a process still has open, so it stays
+ * allocated (the backend free is skipped; ipc.c). Also gives back retired
+ * segments nobody holds any more. */
+bool st_ipc_keep_segment(struct ctx_entry *entry, emm_addr_t base, size_t size);
+/* emm_release_idle: give back the retired segments of `device` (-1 all)
+ * that nobody holds any more; the bytes. */
+size_t st_ipc_release_retired(int device);
 /* The context is gone: forget its exports, kept segments and imports (no
  * driver calls: its memory went with it). */
-void st_ipc_context_dropped(CUcontext ctx);
+void st_ipc_context_dropped(struct ctx_entry *entry);
 void st_ipc_fork_child(void);
 
 /* --- capture.c and quarantine.c: one idea in two files ------------------- */

@@ -16,6 +16,8 @@
  *   fill N             export N blocks, print how many succeeded, wait
  *                      for a line on stdin, exit
  *   export1            export one sub-block: print the CUresult
+ *   hold HANDLE        open a handle, print "opened <CUresult>", wait for a
+ *                      line on stdin, exit without closing
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -284,7 +286,37 @@ static int mode_export1(void)
 	return 0;
 }
 
+static int mode_hold(int argc, char **argv)
+{
+	CUipcMemHandle h;
+	CUdeviceptr p = 0;
+	char line[16];
+
+	if (argc != 3)
+		return 2;
+	shims_setup();
+	from_hex(argv[2], &h);
+	printf("opened %d\n", (int)cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
+	fflush(stdout);
+	if (!fgets(line, sizeof(line), stdin))
+		return 0;
+	return 0;
+}
+
 /* --- the tests (exporter side) ------------------------------------------- */
+
+/* Start a `hold` child on handle h: the CUresult its open gave. */
+static int hold(struct child *c, const CUipcMemHandle *h)
+{
+	char hex[2 * CU_IPC_HANDLE_SIZE + 1], line[64];
+	char *argv[] = {NULL, "hold", hex, NULL};
+
+	to_hex(h, hex);
+	spawn(c, true, NULL, argv);
+	if (child_line(c, line, sizeof(line)) != 0 || strncmp(line, "opened ", 7) != 0)
+		return -1;
+	return atoi(line + 7);
+}
 
 TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 {
@@ -335,6 +367,51 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	expect_int_eq(child_line(&c, line, sizeof(line)), 0);
 	expect_str_eq(line, "done");
 	expect_int_eq(child_wait(&c), 0);
+	/* The importer closed everything and left: the retired segment goes
+	 * back at the next release, and its handles no longer open. */
+	expect_true(shims_release_idle(-1, 0) >= (long long)(2 << 20));
+	expect_int_eq(fake_stats().device_frees - f2.device_frees, 1);
+	struct child held;
+	expect_int_eq(hold(&held, &h[0]), CUDA_ERROR_INVALID_VALUE);
+	expect_int_eq(child_wait(&held), 0);
+}
+TEST_END
+
+TEST_BEGIN(test_segment_lifetime)
+{
+	struct fakecuda_stats f0, f1;
+	CUdeviceptr a, b;
+	CUipcMemHandle ha;
+	struct child c;
+
+	/* Nobody opened it: freed and released, the segment goes at once. */
+	(void)shims_release_idle(-1, 0);
+	assert_int_eq(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&b, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuIpcGetMemHandle(&ha, b), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	f0 = fake_stats();
+	(void)shims_release_idle(-1, 0);
+	expect_int_eq(fake_stats().device_frees - f0.device_frees, 1);
+	expect_int_eq(hold(&c, &ha), CUDA_ERROR_INVALID_VALUE);
+	expect_int_eq(child_wait(&c), 0);
+
+	/* An importer holds it and is killed: its record no longer counts. */
+	assert_int_eq(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&b, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuIpcGetMemHandle(&ha, b), CUDA_SUCCESS);
+	expect_int_eq(hold(&c, &ha), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	f0 = fake_stats();
+	(void)shims_release_idle(-1, 0);
+	f1 = fake_stats();
+	expect_int_eq(f1.device_frees - f0.device_frees, 0); /* held: kept */
+	kill(c.pid, SIGKILL);
+	expect_int_eq(child_wait(&c), 128 + SIGKILL);
+	(void)shims_release_idle(-1, 0);
+	expect_int_eq(fake_stats().device_frees - f1.device_frees, 1);
 }
 TEST_END
 
@@ -476,6 +553,8 @@ int main(int argc, char **argv)
 		return mode_fill(argc, argv);
 	if (argc > 1 && !strcmp(argv[1], "export1"))
 		return mode_export1();
+	if (argc > 1 && !strcmp(argv[1], "hold"))
+		return mode_hold(argc, argv);
 	if (argc == 1) {
 		/* A registry of this run only, set before libemm reads it. */
 		char dir[] = "/tmp/emm-ipc-test-XXXXXX";
@@ -495,6 +574,7 @@ int main(int argc, char **argv)
 		return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 	}
 	shims_setup();
-	return emm_test_run(test_blocks_shared_with_a_libemm_importer, test_importer_without_libemm, test_exporter_exit,
+	return emm_test_run(test_blocks_shared_with_a_libemm_importer, test_segment_lifetime,
+	                    test_importer_without_libemm, test_exporter_exit,
 	                    test_registry_full_and_reclaimed, test_registry_file_checked, NULL);
 }
