@@ -163,8 +163,10 @@ int emm_ipc_export_begin(emm_addr_t dptr, struct emm_ipc_export *ex)
 			         (unsigned long long)dptr, emm_state_backend_name());
 		return -ENOTSUP;
 	}
-	if ((range.base == range.segment_base && range.size == range.segment_size) || !entry)
+	if (range.base == range.segment_base && range.size == range.segment_size)
 		return 1;
+	if (!entry)
+		return -ENOTSUP; /* its context is being torn down: never the segment's handle */
 	*ex = (struct emm_ipc_export){
 	    .segment_base = range.segment_base,
 	    .segment_size = range.segment_size,

@@ -401,7 +401,7 @@ enum emm_state_counter {
 	EMM_COUNT_MANAGED_ALLOC, /* cuMemAllocManaged (always forwarded) */
 	EMM_COUNT_CAPTURE_ALLOC, /* stream-ordered allocation made during capture (driver) */
 	EMM_COUNT_BAD_FREE,      /* double/interior free refused */
-	EMM_COUNT_IPC_REFUSED,   /* cuIpcGetMemHandle refused for a sub-allocated block */
+	EMM_COUNT_IPC_REFUSED,   /* cuIpcGetMemHandle refused (backend without IPC, registry unusable) */
 	EMM_COUNT__COUNT
 };
 
