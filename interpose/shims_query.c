@@ -178,7 +178,9 @@ static CUresult ipc_open(ipc_open_fn real, CUdeviceptr *pdptr, CUipcMemHandle ha
 		return CUDA_ERROR_NOT_INITIALIZED;
 	/* The driver checks the arguments; a libemm handle goes through the
 	 * registry to the segment's own handle. */
-	got = pdptr ? emm_ipc_import_begin(&handle, &im, &ptr) : -ENOENT;
+	got = pdptr && !(flags & ~(unsigned int)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+	          ? emm_ipc_import_begin(&handle, &im, &ptr)
+	          : -ENOENT;
 	if (got == -ENOENT)
 		return real(pdptr, handle, flags);
 	if (got < 0)

@@ -26,8 +26,8 @@
  * of freed memory do. So an importer's mapping stays valid whatever the
  * exporter frees; reusing a freed block's bytes while an importer still
  * uses them is the program's error, as CUDA makes it. A whole-segment
- * export is the driver's handle and follows the driver's rules, exactly as
- * without libemm (its segment goes back when the program's free of the
+ * export is the driver's handle and follows the driver's rules, as without
+ * libemm (its segment goes back no earlier than the program's free of the
  * block would have returned it). Registry entries go when their context
  * goes; a dead process's are reclaimed by the next one that finds the
  * registry full.
