@@ -148,6 +148,8 @@ EMM_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdevicep
 	if (!pHandle)
 		return CALL_REAL(cuIpcGetMemHandle, pHandle, dptr);
 	got = emm_ipc_export_begin((emm_addr_t)dptr, &ex);
+	if (got == -EINVAL)
+		return CUDA_ERROR_INVALID_VALUE;
 	if (got == -ENOTSUP) {
 		emm_state_count(EMM_COUNT_IPC_REFUSED);
 		return CUDA_ERROR_NOT_SUPPORTED;

@@ -144,14 +144,18 @@ int emm_ipc_export_begin(emm_addr_t dptr, struct emm_ipc_export *ex)
 	struct emm_block_range range;
 	struct ctx_entry *entry = NULL;
 	bool found;
+	int r;
 
 	if (!emm_state_enabled())
 		return -ENOENT;
 	emm_state_enter();
-	found = emm_heap_find_block(dptr, &range) == 0 && !emm_state_heap_is_pinned(range.heap);
+	r = emm_serve_find_block(dptr, &range);
+	found = r == 0 && !emm_state_heap_is_pinned(range.heap);
 	if (found)
 		entry = st_heap_entry(range.heap);
 	emm_state_leave();
+	if (r == -ENXIO)
+		return -EINVAL; /* freed memory in a segment of ours: not the segment's handle */
 	if (!found)
 		return -ENOENT; /* pinned memory, or not ours: the driver answers */
 	if (!emm_state_backend_can_ipc()) {

@@ -539,6 +539,9 @@ void emm_vmm_runtime_pool_leave(void);
  *                         off): the driver answers for dptr unchanged.
  *                         -ENOTSUP: the backend's memory cannot be
  *                         exported (warned once): CUDA_ERROR_NOT_SUPPORTED.
+ *                         -EINVAL: in a segment of libemm's, in no live
+ *                         block (freed): CUDA_ERROR_INVALID_VALUE, the
+ *                         driver's answer for freed memory.
  *                         1: the block is its whole segment: the driver's
  *                         handle of dptr is the answer.
  *                         0: a block inside a segment: ask the driver for

@@ -557,6 +557,9 @@ TEST_BEGIN(test_ipc_handles_of_blocks)
 	}
 	expect_int_eq(cuIpcGetMemHandle(NULL, a), CUDA_ERROR_INVALID_VALUE);
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	/* Freed (its segment still cached): the driver's answer for freed
+	 * memory, never the segment's handle. */
+	expect_int_eq(cuIpcGetMemHandle(&ha, a), CUDA_ERROR_INVALID_VALUE);
 	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
 	/* A block that is its whole segment (12 MiB: a segment of its own,
 	 * rounded to 2 MiB, nothing left over): the driver's own handle. */

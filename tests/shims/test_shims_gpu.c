@@ -223,6 +223,10 @@ TEST_BEGIN(test_ipc_handles_of_blocks)
 		expect_int_ne(cuIpcOpenMemHandle(&q, ha, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_SUCCESS);
 	}
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	/* Freed (its segment still cached): never the segment's handle; the
+	 * code the test double gives for memory nobody allocated (to confirm
+	 * against the driver's own answer for freed memory). */
+	expect_int_eq(cuIpcGetMemHandle(&ha, a), CUDA_ERROR_INVALID_VALUE);
 	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
 	/* A block that is its whole segment (12 MiB: a segment of its own,
 	 * rounded to 2 MiB, nothing left over): the driver's own handle -
