@@ -21,6 +21,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -150,6 +151,32 @@ static void sub_dir(char *out, size_t n, const char *name)
 		}                                                                                            \
 	} while (0)
 
+/* Threads opening and closing one handle at once: always one pointer. */
+struct opener {
+	CUcontext ctx;
+	CUipcMemHandle h;
+	CUdeviceptr want;
+	int bad;
+};
+
+static void *open_close_loop(void *arg)
+{
+	struct opener *o = arg;
+	CUdeviceptr p[20];
+
+	cuCtxSetCurrent(o->ctx);
+	for (int round = 0; round < 10; round++) {
+		for (int i = 0; i < 20; i++)
+			if (cuIpcOpenMemHandle(&p[i], o->h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) != CUDA_SUCCESS ||
+			    p[i] != o->want)
+				o->bad++;
+		for (int i = 0; i < 20; i++)
+			if (cuIpcCloseMemHandle(o->want) != CUDA_SUCCESS)
+				o->bad++;
+	}
+	return NULL;
+}
+
 /* import N (HANDLE SIZE OFFSET SEED){N} */
 static int mode_import(int argc, char **argv)
 {
@@ -185,6 +212,20 @@ static int mode_import(int argc, char **argv)
 	/* The same handle again: the same pointer, one more reference. */
 	CHILD_CHECK(cuIpcOpenMemHandle(&again, h[0], CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
 	CHILD_CHECK(again == p[0]);
+	/* Four threads open and close block 3 at once (block 3 stays open). */
+	struct opener op[4];
+	pthread_t th[4];
+	CUcontext ctx;
+	CHILD_CHECK(cuCtxGetCurrent(&ctx) == CUDA_SUCCESS);
+	for (int t = 0; t < 4; t++) {
+		op[t] = (struct opener){.ctx = ctx, .h = h[3], .want = p[3]};
+		CHILD_CHECK(pthread_create(&th[t], NULL, open_close_loop, &op[t]) == 0);
+	}
+	for (int t = 0; t < 4; t++) {
+		pthread_join(th[t], NULL);
+		CHILD_CHECK(op[t].bad == 0);
+	}
+	CHILD_CHECK(check(p[3], size[3], seed[3]) == 0);
 	/* Write block 1 for the exporter to see. */
 	fill(p[1], size[1], seed[1] + 100);
 	printf("written\n");
