@@ -172,7 +172,11 @@ static const char *const vmm_names[] = {
 	  "next matching allocation), count (passed through, counted), off (passed through)")         \
 	X(VMM_REAP_MS, vmm_reap_ms, UINT, U(5), "ms", RANGE(1, 60000),                                 \
 	  "How long a VMM unmap or release that may begin a whole-buffer free waits for the rest "     \
-	  "before it is made real")
+	  "before it is made real")                                                                   \
+	/* A directory: ignored under AT_SECURE like the other paths. */                              \
+	X(IPC_DIR, ipc_dir, STRING, S("/dev/shm"), "path", FLAGS(F_NONEMPTY | F_SECURE),              \
+	  "Directory of the per-user registry through which libemm processes open each other's IPC "   \
+	  "handles of sub-allocated blocks; ignored in setuid programs")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

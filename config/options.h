@@ -70,6 +70,7 @@ struct emm_options {
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
 	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */
+	char ipc_dir[256];	   /* EMM_IPC_DIR: where the IPC registry lives (/dev/shm) */
 };
 
 /* Row ids, in table order. */
@@ -101,6 +102,7 @@ enum emm_option_id {
 	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT_VMM,
 	EMM_OPT_VMM_REAP_MS,
+	EMM_OPT_IPC_DIR,
 	EMM_OPT__COUNT
 };
 
@@ -143,7 +145,7 @@ void emm_format_signal(unsigned sig, char *buf, size_t n);
 int emm_parse_stats(const char *s, bool *ret_on, bool *ret_json, char *file, size_t file_size);
 
 /* emm_options_parse with the secure mode given instead of read from
- * getauxval(AT_SECURE): when `secure`, EMM_BACKEND and EMM_LOG are ignored
+ * getauxval(AT_SECURE): when `secure`, EMM_BACKEND, EMM_LOG and EMM_IPC_DIR are ignored
  * with a warning (a setuid program must not dlopen or write where its
  * invoker says). For tests. */
 void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum emm_option_source *sources,

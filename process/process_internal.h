@@ -303,6 +303,9 @@ size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out);
 
 void st_contexts_fork_child(void);
 
+/* The entry whose heap `heap` is (device or pinned); NULL if none. */
+struct ctx_entry *st_heap_entry(const emm_heap_t *heap);
+
 /* --- pinned.c ------------------------------------------------------------ */
 
 void st_pinned_fork_child(void);
@@ -347,6 +350,21 @@ size_t st_idle_bytes_device(int device);
  * st_heap_life_lock held exclusive. */
 void st_stats_retire(emm_heap_t *heap);
 void st_stats_fork_child(void);
+
+/* --- ipc.c ---------------------------------------------------------------- */
+
+/* The heap of `entry` gives back device segment `base`: true when the
+ * segment has IPC exports that a process still has open, so it stays
+ * allocated (the backend free is skipped; ipc.c). Also gives back retired
+ * segments nobody holds any more. */
+bool st_ipc_keep_segment(struct ctx_entry *entry, emm_addr_t base, size_t size);
+/* emm_release_idle: give back the retired segments of `device` (-1 all)
+ * that nobody holds any more; the bytes. */
+size_t st_ipc_release_retired(int device);
+/* The context is gone: forget its exports, kept segments and imports (no
+ * driver calls: its memory went with it). */
+void st_ipc_context_dropped(struct ctx_entry *entry);
+void st_ipc_fork_child(void);
 
 /* --- capture.c and quarantine.c: one idea in two files ------------------- */
 

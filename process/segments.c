@@ -120,6 +120,9 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 	if (st_is_exiting())
 		return 0; /* the driver frees everything with the process */
 	st_assert_unlocked("a backend segment free");
+	/* A segment with IPC exports stays allocated (ipc.c). */
+	if (!host && st_ipc_keep_segment(e, addr, size))
+		return 0;
 	pushed = st_push_ctx(e->ctx);
 	st_tls_in_backend = true;
 	if (host)

@@ -284,6 +284,7 @@ static void fork_child(void)
 	st_trace_fork_child();
 	st_snapshot_fork_child();
 	st_stats_signal_fork_child();
+	st_ipc_fork_child();
 }
 
 __attribute__((constructor)) static void state_constructor(void)

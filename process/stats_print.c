@@ -74,6 +74,7 @@ int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_release
 	 * go back through the driver and fences may be recorded. */
 	emm_state_for_each_heap(release_one, &a, true);
 	a.released += (long long)st_vmm_release_idle(device);
+	a.released += (long long)st_ipc_release_retired(device);
 	if (a.released == 0 && a.error)
 		return a.error;
 	*ret_released = a.released;

@@ -99,7 +99,7 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->epoch_bytes == b->epoch_bytes && a->pending_limit == b->pending_limit && a->meminfo_cached == b->meminfo_cached &&
 	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas &&
 	       a->teardown_wait == b->teardown_wait && a->vmm == b->vmm &&
-	       a->vmm_reap_ms == b->vmm_reap_ms;
+	       a->vmm_reap_ms == b->vmm_reap_ms && strcmp(a->ipc_dir, b->ipc_dir) == 0;
 }
 
 /* ------------------------------------------------------------------------
@@ -133,6 +133,7 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_true(o->pinned);
 	expect_true(o->runtime_shims);
 	expect_int_eq(o->vmm, EMM_OPT_VMM_CACHE);
+	expect_str_eq(o->ipc_dir, "/dev/shm");
 }
 
 TEST_BEGIN(test_defaults_when_unset)
@@ -189,6 +190,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_TEARDOWN_WAIT=250",
 		"EMM_VMM=Count",
 		"EMM_VMM_REAP_MS=250",
+		"EMM_IPC_DIR=/run/user/1000",
 		NULL,
 	};
 	struct parsed p;
@@ -226,6 +228,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.runtime_shims);
 	expect_int_eq(p.o.arenas, 4);
 	expect_int_eq(p.o.vmm, EMM_OPT_VMM_COUNT);
+	expect_str_eq(p.o.ipc_dir, "/run/user/1000");
 	for (int i = 0; i < EMM_OPT__COUNT; i++)
 		expect_int_eq(p.src[i], EMM_OPTION_ENV);
 }
@@ -240,7 +243,7 @@ TEST_BEGIN(test_option_names)
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "PENDING_LIMIT", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",	 "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS",
+		"ARENAS",	 "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "IPC_DIR",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 
@@ -889,11 +892,14 @@ TEST_END
 TEST_BEGIN(test_secure_mode)
 {
 	static const char *const env[] = {"EMM_BACKEND=/tmp/evil.so", "EMM_LOG=/etc/passwd",
-					  "EMM_BACKEND_OPTIONS=x=1", "EMM_VERBOSE=1", NULL};
+					  "EMM_BACKEND_OPTIONS=x=1", "EMM_VERBOSE=1", "EMM_IPC_DIR=/tmp/evil", NULL};
 	struct parsed p;
 
 	parse_env_mode(&p, env, true);
-	expect_int_eq(p.lines, 2);
+	expect_int_eq(p.lines, 3);
+	expect_true(strstr(p.log, "emm: warning: EMM_IPC_DIR is ignored in a setuid/setgid program; using "
+				  "default /dev/shm\n") != NULL);
+	expect_str_eq(p.o.ipc_dir, "/dev/shm");
 	expect_true(strstr(p.log, "emm: warning: EMM_BACKEND is ignored in a setuid/setgid program; using "
 				  "default driver\n") != NULL);
 	expect_true(strstr(p.log, "emm: warning: EMM_LOG is ignored in a setuid/setgid program; using "
@@ -911,6 +917,7 @@ TEST_BEGIN(test_secure_mode)
 	expect_int_eq(p.lines, 0);
 	expect_str_eq(p.o.backend, "/tmp/evil.so");
 	expect_str_eq(p.o.log_file, "/etc/passwd");
+	expect_str_eq(p.o.ipc_dir, "/tmp/evil");
 
 	/* This test program is not setuid: emm_options_parse is not secure. */
 	capture_begin();
