@@ -23,6 +23,9 @@
  *   open1 API HANDLE  under libemm: prints the code of one open (a handle
  *        whose segment the exporter gave back after every importer closed
  *        it must not open).
+ *
+ * With IPC_IMPORT_DEVICE=N the importers run on device N, the exporter on
+ * device 0 (IPC across devices; a skip with fewer than N + 1 GPUs).
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
@@ -437,10 +440,22 @@ int main(int argc, char **argv)
 		       count);
 		return GPU_SKIP;
 	}
-	if (cudaSetDevice(0) != cudaSuccess || cudaFree(NULL) != cudaSuccess) {
-		printf("FAIL: cannot initialise device 0\n");
+	/* IPC_IMPORT_DEVICE=N: importers open the handles on device N while the
+	 * exporter stays on device 0 (IPC across devices; needs N + 1 GPUs). */
+	const char *imp = getenv("IPC_IMPORT_DEVICE");
+	int import_dev = imp ? atoi(imp) : 0;
+	bool importer = argc > 1 && (!strcmp(argv[1], "import") || !strcmp(argv[1], "plain") || !strcmp(argv[1], "open1"));
+	if (import_dev >= count) {
+		printf("skip: IPC_IMPORT_DEVICE=%d but %d device(s) here\n", import_dev, count);
+		return GPU_SKIP;
+	}
+	int dev = importer ? import_dev : 0;
+	if (cudaSetDevice(dev) != cudaSuccess || cudaFree(NULL) != cudaSuccess) {
+		printf("FAIL: cannot initialise device %d\n", dev);
 		return 1;
 	}
+	if (!importer && import_dev)
+		printf("importers open the handles on device %d, the exporter is on device 0\n", import_dev);
 	if (argc > 1 && !strcmp(argv[1], "import"))
 		return mode_import(argc, argv);
 	if (argc > 1 && !strcmp(argv[1], "plain"))
