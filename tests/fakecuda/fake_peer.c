@@ -136,12 +136,6 @@ FAKE_API CUresult cuCtxDisablePeerAccess(CUcontext peerContext)
 
 /* --- peer copies --- */
 
-static bool ctx_usable_locked(CUcontext h)
-{
-	struct fake_ctx *c = fake_ctx_lookup_locked(h);
-	return c && !c->destroyed && c->alive;
-}
-
 /* hs: NULL for the synchronous copy; any stream argument otherwise. */
 static CUresult copy_peer(CUdeviceptr dst, CUcontext dctx, CUdeviceptr src, CUcontext sctx, size_t n, bool async,
 			  CUstream hs, bool per_thread)
