@@ -94,6 +94,8 @@ static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t si
 	int r;
 
 	arena_lock(h);
+	if (h->owner->tcache)
+		emm_tcache_apply_locked(h);
 	b = find_block(h, pool, rounded, stream);
 	if (EMM_LIKELY(b)) {
 		h->st.hits++;
@@ -277,6 +279,7 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	}
 	h->owner = owner;
 	h->p = *params;
+	h->pending_limit = params->pending_limit;
 	if (h->p.epoch_max_blocks == 0)
 		h->p.epoch_max_blocks = 1;
 	h->src = *src;
@@ -460,7 +463,7 @@ int emm_heap_flush(emm_heap_t *heap)
 
 	if (!heap)
 		return -EINVAL;
-	emm_tcache_sync(heap, true);
+	emm_tcache_sync(heap);
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
 		arena_lock(h);
@@ -505,7 +508,7 @@ long long emm_heap_release_idle(emm_heap_t *heap, size_t keep)
 	if (!heap)
 		return -EINVAL;
 	/* This thread's cache now; every other thread's at its next use. */
-	emm_tcache_sync(heap, true);
+	emm_tcache_sync(heap);
 	if (heap->tcache)
 		emm_tcache_flush_all();
 	for (unsigned i = 0; i < heap->narenas; i++) {

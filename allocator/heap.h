@@ -82,6 +82,9 @@ struct emm_heap_params {
 	size_t epoch_max_bytes;	     /* ... or this many bytes (64 MiB) */
 	bool host_accessible;	     /* the host touches the blocks (pinned memory): reuse waits for every
 				      * fence event to complete, even with no non-blocking stream alive */
+	size_t pending_limit;	     /* a miss that would reserve more while the arena holds more than
+				      * this in freed blocks still fenced first waits (polling, bounded)
+				      * for its oldest fences (1 GiB; 0: never) */
 	unsigned arenas;	     /* arenas, threads spread over them (0: one per CPU, <= 64;
 				      * rounded down to a power of two); both pools per arena */
 	bool thread_cache;	     /* a per-thread front cache for synchronous frees (heap_tcache.c):

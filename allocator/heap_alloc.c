@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * allocator/heap_alloc.c - the allocation miss path of an arena: completed
- * fences, epoch pressure, stealing another stream's block, more memory from
- * the source (a segment grown in place, else a new one), the OOM retry, and
- * mapping the pages under a block before it is handed out (page-granular
- * heaps). The hit path stays in heap.c. Lock held throughout, dropped
+ * fences, epoch pressure, stealing another stream's block, the pending
+ * limit, more memory from the source (a segment grown in place, else a new
+ * one), the OOM retry, and mapping the pages under a block before it is
+ * handed out (page-granular heaps). The hit path stays in heap.c. Lock held throughout, dropped
  * around fence ops and source calls (heap_internal.h).
  */
 #include "allocator/heap_internal.h"
@@ -67,6 +67,9 @@ int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t s
 		*ret = b;
 		return 0;
 	}
+
+	if (emm_heap_pending_wait(h, pool, rounded, stream, &b))
+		goto hit;
 
 	size_t seg_size = emm_heap_segment_size(&h->p, rounded);
 	if (!seg_size)

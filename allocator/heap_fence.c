@@ -386,7 +386,7 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 				bn = b->link;
 				h->st.pending -= b->size;
 				b->state = BLOCK_LIVE;
-				atomic_store_explicit(&b->tcached, 1, memory_order_relaxed);
+				atomic_store_explicit(&b->tcached, TC_READY, memory_order_relaxed);
 				b->fence = NULL;
 				b->stream = 0;
 				b->link = *ret_ready;

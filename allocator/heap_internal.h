@@ -106,9 +106,13 @@ struct emm_block {
 	 * reached by no other thread until that cache flushes. Its state stays
 	 * BLOCK_LIVE there (the cache never writes state without the lock; a
 	 * locked neighbour's merge sees a block that is not ready), and this
-	 * flag, written without the lock (relaxed), tells it from a live one. */
+	 * flag, written without the lock (relaxed), tells it from a live one:
+	 * TC_READY (reusable by that thread) or TC_PENDING (in its epoch). */
 	_Atomic uint8_t tcached;
 };
+
+#define TC_READY   1u
+#define TC_PENDING 2u
 
 struct emm_segment {
 	struct arena *arena;             /* never changes: segment structs are never freed before the heap */
@@ -206,6 +210,7 @@ struct arena {
 	struct emm_fence *last_fence_owner; /* pending fence whose events[0] it is */
 	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
 	bool warned_query;
+	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
 };
 
 /*
@@ -530,6 +535,8 @@ int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct 
 
 /* Fence, synchronize and release everything idle in the arena (lock held,
  * dropped around ops); then in the other arenas, one locked at a time. */
+bool emm_heap_pending_wait(struct arena *h, unsigned pool, size_t rounded, emm_stream_t stream,
+                           struct emm_block **ret);
 void emm_heap_oom_recover(struct arena *h);
 void emm_heap_oom_recover_others(struct arena *h);
 
@@ -587,10 +594,18 @@ void emm_tcache_pressure_locked(struct arena *h, size_t rounded);
 /* Give the calling thread's cached blocks of arena h back to it (OOM
  * retry). Lock held. */
 void emm_tcache_flush_locked(struct arena *h);
-/* The calling thread's cache of `heap`: everything back (flush true), or
- * only its counters (stats: returns the bytes pending in its epoch, which
- * the arena does not count). No lock held. */
-size_t emm_tcache_sync(struct emm_heap *heap, bool flush);
+/* The calling thread's counters for arena h into it (an allocation the
+ * arena serves: its peaks stay exact for one thread). Lock held. */
+void emm_tcache_apply_locked(struct arena *h);
+/* Everything in the calling thread's cache of `heap` back to it. No lock
+ * held. */
+void emm_tcache_sync(struct emm_heap *heap);
+/* Statistics: between begin and end (no arena lock held at begin), with
+ * arena h locked, add every thread's counters for h to *c (merged on read)
+ * and return the bytes pending in their epochs. */
+void emm_tcache_stats_begin(void);
+void emm_tcache_stats_end(void);
+size_t emm_tcache_add_counters(struct arena *h, struct heap_counters *c);
 /* Heap lifecycle: a uid for a new heap; a heap about to be destroyed (every
  * thread's cache forgets its blocks); every cache to flush at its next use
  * (trim). */

@@ -29,6 +29,7 @@ void emm_heap_params_default(struct emm_heap_params *p)
 	p->epoch_max_blocks = 32;
 	p->epoch_max_bytes = 64 * MIB;
 	p->host_accessible = false;
+	p->pending_limit = 1024 * MIB;
 	p->arenas = 0;
 }
 

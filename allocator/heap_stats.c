@@ -23,13 +23,14 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 {
 	if (!heap || !out)
 		return;
-	/* The calling thread's cache: its counters, its epoch's bytes (other
-	 * threads' come with their next epoch close or flush). */
-	out->pending_bytes += emm_tcache_sync(heap, false);
+	/* Every thread's cache counts (heap_tcache.c): merged on read. */
+	emm_tcache_stats_begin();
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
 		arena_lock(h);
-		const struct heap_counters *c = &h->st;
+		struct heap_counters merged = h->st;
+		const struct heap_counters *c = &merged;
+		out->pending_bytes += emm_tcache_add_counters(h, &merged);
 		out->allocs += c->allocs;
 		out->frees += c->frees;
 		out->hits += c->hits;
@@ -70,6 +71,7 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 			out->unmapped_bytes += s->unmapped * h->pg.granularity;
 		arena_unlock(h);
 	}
+	emm_tcache_stats_end();
 	out->reserved_bytes_peak +=
 	    (uint64_t)atomic_load_explicit(&heap->reserved_peak, memory_order_relaxed);
 	if (heap->narenas > 1) {
@@ -84,10 +86,15 @@ void emm_heap_idle_info(emm_heap_t *heap, size_t *ret_idle, size_t *ret_largest)
 {
 	size_t largest = 0, idle = 0;
 
-	for (unsigned i = 0; heap && i < heap->narenas; i++) {
+	if (!heap)
+		return;
+	emm_tcache_stats_begin();
+	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
 		arena_lock(h);
-		idle += h->st.reserved - h->st.allocated;
+		struct heap_counters merged = h->st;
+		(void)emm_tcache_add_counters(h, &merged);
+		idle += merged.reserved - merged.allocated;
 		/* The largest block of each key group is the one before the next
 		 * group's first. */
 		for (unsigned pool = 0; pool < NPOOLS; pool++) {
@@ -105,6 +112,7 @@ void emm_heap_idle_info(emm_heap_t *heap, size_t *ret_idle, size_t *ret_largest)
 		}
 		arena_unlock(h);
 	}
+	emm_tcache_stats_end();
 	if (ret_idle)
 		*ret_idle = idle;
 	if (ret_largest)

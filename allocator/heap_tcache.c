@@ -55,6 +55,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 
 #define TC_CLASSES   64
@@ -62,14 +63,24 @@
 #define TC_MAX_SIZE  ((size_t)8 << 20)
 #define TC_READY_MAX ((size_t)32 << 20)
 
+/* Written by the owner without a lock (relaxed loads and stores, no
+ * read-modify-write), read by statistics under the arena lock and reg_lock
+ * (emm_tcache_add_counters); moved into the arena under its lock. */
 struct tc_delta {
-	uint64_t allocs, frees, hits;
-	int64_t live, allocated, requested;
+	_Atomic uint64_t allocs, frees, hits;
+	_Atomic int64_t live, allocated, requested;
 	int64_t allocated_max, requested_max; /* highest allocated/requested reached since the last apply */
-	uint64_t allocated_total, requested_total;
+	_Atomic uint64_t allocated_total, requested_total;
+	_Atomic size_t pend_bytes; /* bytes in the thread's epoch */
 };
 
+#define LD(x)     atomic_load_explicit(&(x), memory_order_relaxed)
+#define ST(x, v)  atomic_store_explicit(&(x), (v), memory_order_relaxed)
+#define BUMP(x, v) ST(x, LD(x) + (v))
+
 struct tcache {
+	struct tcache *next, *prev; /* every thread's cache, under reg_lock */
+	/* Bound under reg_lock (statistics read them). */
 	struct emm_heap *heap; /* NULL: unbound */
 	uint64_t uid;
 	struct arena *arena;
@@ -79,7 +90,7 @@ struct tcache {
 	size_t ready_bytes;
 	struct emm_block *pend;
 	unsigned npend;
-	size_t pend_bytes, pend_max; /* pend_max: the largest pending block */
+	size_t pend_max; /* the largest pending block */
 	struct tc_delta d;
 };
 
@@ -89,6 +100,7 @@ static atomic_uint_fast64_t heap_uid_next = 1;
 
 /* Live heaps (uid), for caches that find the generation changed. */
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tcache *tc_list;
 static struct emm_heap **reg;
 static size_t reg_count, reg_cap;
 static pthread_once_t tc_once = PTHREAD_ONCE_INIT;
@@ -97,13 +109,27 @@ static bool tc_key_ok;
 
 static void tc_thread_exit(void *arg);
 
+/* Unbound and empty (the blocks forgotten); the list links stay. */
+static void tc_reset(struct tcache *tc)
+{
+	struct tcache *next = tc->next, *prev = tc->prev;
+
+	memset(tc, 0, sizeof(*tc));
+	tc->next = next;
+	tc->prev = prev;
+}
+
 static void tc_fork_child(void)
 {
 	/* The parent's heaps are the parent's: forget this thread's cache. */
-	if (tls_tc)
-		tls_tc->heap = NULL;
 	pthread_mutex_init(&reg_lock, NULL);
 	reg_count = 0;
+	tc_list = NULL;
+	if (tls_tc) {
+		tc_reset(tls_tc);
+		tls_tc->next = tls_tc->prev = NULL;
+		tc_list = tls_tc;
+	}
 	atomic_fetch_add(&tc_gen, 1);
 }
 
@@ -155,9 +181,9 @@ void emm_tcache_heap_destroyed(struct emm_heap *heap)
 		}
 	}
 	atomic_fetch_add(&tc_gen, 1);
-	pthread_mutex_unlock(&reg_lock);
 	if (tls_tc && tls_tc->heap == heap)
-		tls_tc->heap = NULL; /* forgotten: the memory goes with the heap */
+		tc_reset(tls_tc); /* forgotten: the memory goes with the heap */
+	pthread_mutex_unlock(&reg_lock);
 }
 
 void emm_tcache_flush_all(void)
@@ -183,25 +209,65 @@ static void apply_delta(struct tcache *tc)
 {
 	struct arena *h = tc->arena;
 	struct tc_delta *d = &tc->d;
+	int64_t allocated = LD(d->allocated), requested = LD(d->requested);
 
-	if (!d->allocs && !d->frees)
+	if (!LD(d->allocs) && !LD(d->frees))
 		return;
-	h->st.allocs += d->allocs;
-	h->st.frees += d->frees;
-	h->st.hits += d->hits;
-	h->st.live_blocks += (uint64_t)d->live;
+	h->st.allocs += LD(d->allocs);
+	h->st.frees += LD(d->frees);
+	h->st.hits += LD(d->hits);
+	h->st.live_blocks += (uint64_t)LD(d->live);
 	if (h->st.allocated + (uint64_t)d->allocated_max > h->st.allocated_peak)
 		h->st.allocated_peak = h->st.allocated + (uint64_t)d->allocated_max;
 	if (h->st.requested + (uint64_t)d->requested_max > h->st.requested_peak)
 		h->st.requested_peak = h->st.requested + (uint64_t)d->requested_max;
-	h->st.allocated += (uint64_t)d->allocated;
-	h->st.requested += (uint64_t)d->requested;
-	h->st.allocated_total += d->allocated_total;
-	h->st.requested_total += d->requested_total;
+	h->st.allocated += (uint64_t)allocated;
+	h->st.requested += (uint64_t)requested;
+	h->st.allocated_total += LD(d->allocated_total);
+	h->st.requested_total += LD(d->requested_total);
 	/* The heap-wide peak sees the highest point first, then the rest. */
 	stat_delta(h, d->allocated_max, d->requested_max);
-	stat_delta(h, d->allocated - d->allocated_max, d->requested - d->requested_max);
-	*d = (struct tc_delta){0};
+	stat_delta(h, allocated - d->allocated_max, requested - d->requested_max);
+	ST(d->allocs, 0);
+	ST(d->frees, 0);
+	ST(d->hits, 0);
+	ST(d->live, 0);
+	ST(d->allocated, 0);
+	ST(d->requested, 0);
+	ST(d->allocated_total, 0);
+	ST(d->requested_total, 0);
+	d->allocated_max = d->requested_max = 0;
+}
+
+void emm_tcache_stats_begin(void)
+{
+	pthread_mutex_lock(&reg_lock);
+}
+
+void emm_tcache_stats_end(void)
+{
+	pthread_mutex_unlock(&reg_lock);
+}
+
+size_t emm_tcache_add_counters(struct arena *h, struct heap_counters *c)
+{
+	size_t pending = 0;
+
+	for (struct tcache *tc = tc_list; tc; tc = tc->next) {
+		if (tc->arena != h || tc->heap != h->owner)
+			continue;
+		struct tc_delta *d = &tc->d;
+		c->allocs += LD(d->allocs);
+		c->frees += LD(d->frees);
+		c->hits += LD(d->hits);
+		c->live_blocks += (uint64_t)LD(d->live);
+		c->allocated += (uint64_t)LD(d->allocated);
+		c->requested += (uint64_t)LD(d->requested);
+		c->allocated_total += LD(d->allocated_total);
+		c->requested_total += LD(d->requested_total);
+		pending += LD(d->pend_bytes);
+	}
+	return pending;
 }
 
 /* The counters added and the thread's epoch joins the arena's open one.
@@ -219,7 +285,8 @@ static void pending_to_open(struct tcache *tc)
 	}
 	tc->pend = NULL;
 	tc->npend = 0;
-	tc->pend_bytes = tc->pend_max = 0;
+	tc->pend_max = 0;
+	ST(tc->d.pend_bytes, 0);
 }
 
 /* Every block back to the arena (pending ones to its open epoch, closed by
@@ -254,23 +321,34 @@ static void flush(struct tcache *tc)
 }
 
 /* Unbind: flush into the heap if it is still registered, else forget. */
+static void unbind_locked(struct tcache *tc)
+{
+	if (tc->heap && reg_alive_locked(tc->heap, tc->uid))
+		flush(tc); /* a destroy waits for reg_lock: the heap stays */
+	/* Unbound (destroyed heap, fork child): the blocks are forgotten. */
+	tc_reset(tc);
+}
+
 static void unbind(struct tcache *tc)
 {
-	if (tc->heap) {
-		pthread_mutex_lock(&reg_lock);
-		if (reg_alive_locked(tc->heap, tc->uid))
-			flush(tc); /* a destroy waits for reg_lock: the heap stays */
-		pthread_mutex_unlock(&reg_lock);
-	}
-	/* Unbound (destroyed heap, fork child): the blocks are forgotten. */
-	*tc = (struct tcache){0};
+	pthread_mutex_lock(&reg_lock);
+	unbind_locked(tc);
+	pthread_mutex_unlock(&reg_lock);
 }
 
 static void tc_thread_exit(void *arg)
 {
 	struct tcache *tc = arg;
 
-	unbind(tc);
+	pthread_mutex_lock(&reg_lock);
+	unbind_locked(tc);
+	if (tc->prev)
+		tc->prev->next = tc->next;
+	else if (tc_list == tc)
+		tc_list = tc->next;
+	if (tc->next)
+		tc->next->prev = tc->prev;
+	pthread_mutex_unlock(&reg_lock);
 	tls_tc = NULL;
 	free(tc);
 }
@@ -301,18 +379,24 @@ static struct tcache *tc_get(struct emm_heap *heap, struct arena *h)
 			return NULL;
 		}
 		tls_tc = tc;
+		pthread_mutex_lock(&reg_lock);
+		tc->next = tc_list;
+		if (tc_list)
+			tc_list->prev = tc;
+		tc_list = tc;
+		pthread_mutex_unlock(&reg_lock);
 	}
-	unbind(tc);
 	pthread_mutex_lock(&reg_lock);
+	unbind_locked(tc);
 	bool alive = reg_alive_locked(heap, heap->uid);
+	if (alive) {
+		tc->heap = heap;
+		tc->uid = heap->uid;
+		tc->arena = h;
+		tc->gen = gen;
+	}
 	pthread_mutex_unlock(&reg_lock);
-	if (!alive)
-		return NULL;
-	tc->heap = heap;
-	tc->uid = heap->uid;
-	tc->arena = h;
-	tc->gen = gen;
-	return tc;
+	return alive ? tc : NULL;
 }
 
 bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size_t size,
@@ -343,17 +427,18 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 	atomic_store_explicit(&b->tcached, 0, memory_order_release);
 
 	struct tc_delta *d = &tc->d;
-	d->allocs++;
-	d->hits++;
-	d->live++;
-	d->allocated += (int64_t)b->size;
-	d->requested += (int64_t)size;
-	if (d->allocated > d->allocated_max)
-		d->allocated_max = d->allocated;
-	if (d->requested > d->requested_max)
-		d->requested_max = d->requested;
-	d->allocated_total += b->size;
-	d->requested_total += size;
+	int64_t allocated = LD(d->allocated) + (int64_t)b->size, requested = LD(d->requested) + (int64_t)size;
+	BUMP(d->allocs, 1);
+	BUMP(d->hits, 1);
+	BUMP(d->live, 1);
+	ST(d->allocated, allocated);
+	ST(d->requested, requested);
+	if (allocated > d->allocated_max)
+		d->allocated_max = allocated;
+	if (requested > d->requested_max)
+		d->requested_max = requested;
+	BUMP(d->allocated_total, b->size);
+	BUMP(d->requested_total, size);
 	*ret = b;
 	return true;
 }
@@ -367,7 +452,7 @@ static inline bool bin_put(struct tcache *tc, struct emm_block *b)
 
 	if (tc->nbin[c] >= TC_BIN_MAX || tc->ready_bytes + b->size > TC_READY_MAX)
 		return false;
-	atomic_store_explicit(&b->tcached, 1, memory_order_relaxed);
+	atomic_store_explicit(&b->tcached, TC_READY, memory_order_relaxed);
 	b->link = tc->bins[c];
 	tc->bins[c] = b;
 	tc->nbin[c]++;
@@ -384,7 +469,8 @@ static void close_pending(struct tcache *tc)
 
 	tc->pend = NULL;
 	tc->npend = 0;
-	tc->pend_bytes = tc->pend_max = 0;
+	tc->pend_max = 0;
+	ST(tc->d.pend_bytes, 0);
 	arena_lock(h);
 	apply_delta(tc);
 	for (b = list; b; b = b->link)
@@ -428,19 +514,19 @@ bool emm_tcache_free(struct emm_block *b)
 		if (!bin_put(tc, b))
 			return false;
 	} else {
-		atomic_store_explicit(&b->tcached, 1, memory_order_relaxed);
+		atomic_store_explicit(&b->tcached, TC_PENDING, memory_order_relaxed);
 		b->link = tc->pend;
 		tc->pend = b;
 		tc->npend++;
-		tc->pend_bytes += size;
+		BUMP(tc->d.pend_bytes, size);
 		if (size > tc->pend_max)
 			tc->pend_max = size;
 	}
-	d->frees++;
-	d->live--;
-	d->allocated -= (int64_t)size;
-	d->requested -= (int64_t)requested;
-	if (fenced && (tc->npend >= h->p.epoch_max_blocks || tc->pend_bytes >= h->p.epoch_max_bytes))
+	BUMP(d->frees, 1);
+	BUMP(d->live, -1);
+	BUMP(d->allocated, -(int64_t)size);
+	BUMP(d->requested, -(int64_t)requested);
+	if (fenced && (tc->npend >= h->p.epoch_max_blocks || LD(tc->d.pend_bytes) >= h->p.epoch_max_bytes))
 		close_pending(tc);
 	return true;
 }
@@ -455,6 +541,14 @@ void emm_tcache_pressure_locked(struct arena *h, size_t rounded)
 	pending_to_open(tc);
 }
 
+void emm_tcache_apply_locked(struct arena *h)
+{
+	struct tcache *tc = tls_tc;
+
+	if (tc && tc->arena == h && tc_bound(tc, h->owner))
+		apply_delta(tc);
+}
+
 void emm_tcache_flush_locked(struct arena *h)
 {
 	struct tcache *tc = tls_tc;
@@ -463,18 +557,13 @@ void emm_tcache_flush_locked(struct arena *h)
 		flush_locked(tc);
 }
 
-size_t emm_tcache_sync(struct emm_heap *heap, bool do_flush)
+void emm_tcache_sync(struct emm_heap *heap)
 {
 	struct tcache *tc = tls_tc;
 
 	if (!heap->tcache || !tc_bound(tc, heap))
-		return 0;
-	size_t pending = do_flush ? 0 : tc->pend_bytes;
+		return;
 	arena_lock(tc->arena);
-	if (do_flush)
-		flush_locked(tc);
-	else
-		apply_delta(tc);
+	flush_locked(tc);
 	arena_unlock_release(tc->arena);
-	return pending;
 }

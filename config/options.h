@@ -44,6 +44,10 @@ struct emm_options {
 	bool disable;		   /* EMM_DISABLE: pure pass-through */
 	unsigned verbose;	   /* EMM_VERBOSE: 0 quiet, 1 settings + warnings, 2 debug */
 	bool stats;		   /* EMM_STATS: print statistics at exit */
+	bool stats_json;	   /* ... as JSON (EMM_STATS=json or a path) */
+	char stats_file[256];	   /* ... into this file ("" = stderr; %p: the process id) */
+	unsigned stats_signal;	   /* EMM_STATS_SIGNAL: dump statistics on this signal (0 = off) */
+	char snapshot_file[256];   /* EMM_SNAPSHOT: memory snapshot pickle path ("" = off) */
 	char log_file[256];	   /* EMM_LOG: CSV event trace path ("" = off) */
 	char backend[256];	   /* EMM_BACKEND: built-in name or path ("driver") */
 	char backend_options[256]; /* EMM_BACKEND_OPTIONS: passed to the backend */
@@ -58,6 +62,7 @@ struct emm_options {
 	enum emm_opt_free_mode free_mode; /* EMM_FREE_MODE: fence|strict|stream */
 	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (32) */
 	size_t epoch_bytes;	   /* EMM_EPOCH_BYTES (64M) */
+	size_t pending_limit;	   /* EMM_PENDING_LIMIT (1G) */
 	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
@@ -65,6 +70,8 @@ struct emm_options {
 	bool thread_cache;	   /* EMM_THREAD_CACHE: per-thread front cache (on) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
+	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */
+	char ipc_dir[256];	   /* EMM_IPC_DIR: where the IPC registry lives (/dev/shm) */
 };
 
 /* Row ids, in table order. */
@@ -72,6 +79,8 @@ enum emm_option_id {
 	EMM_OPT_DISABLE,
 	EMM_OPT_VERBOSE,
 	EMM_OPT_STATS,
+	EMM_OPT_STATS_SIGNAL,
+	EMM_OPT_SNAPSHOT,
 	EMM_OPT_LOG,
 	EMM_OPT_BACKEND,
 	EMM_OPT_BACKEND_OPTIONS,
@@ -86,6 +95,7 @@ enum emm_option_id {
 	EMM_OPT_FREE_MODE,
 	EMM_OPT_EPOCH_BLOCKS,
 	EMM_OPT_EPOCH_BYTES,
+	EMM_OPT_PENDING_LIMIT,
 	EMM_OPT_MEMINFO_CACHED,
 	EMM_OPT_PINNED,
 	EMM_OPT_RUNTIME_SHIMS,
@@ -93,6 +103,8 @@ enum emm_option_id {
 	EMM_OPT_THREAD_CACHE,
 	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT_VMM,
+	EMM_OPT_VMM_REAP_MS,
+	EMM_OPT_IPC_DIR,
 	EMM_OPT__COUNT
 };
 
@@ -118,13 +130,24 @@ const enum emm_option_source *emm_options_sources(void);
  * checked against this output by a test). */
 void emm_options_write_markdown(FILE *out);
 
+/* A size the way a user would write it ("2M", "1536K", "unlimited"): the
+ * largest binary unit that divides it exactly, so it parses back. */
+void emm_options_format_size(size_t z, char *buf, size_t n);
+
 /* Parse helpers, exposed for tests. 0 or -EINVAL; *ret untouched on error. */
 int emm_parse_bool(const char *s, bool *ret);
 int emm_parse_size(const char *s, bool allow_unlimited, size_t *ret);
 int emm_parse_uint(const char *s, unsigned min, unsigned max, unsigned *ret);
+/* A signal: a name with or without SIG (USR2, SIGUSR2, RTMIN+3, any case),
+ * a number, or off/none/0 (0). Uncatchable and fault signals are refused. */
+int emm_parse_signal(const char *s, unsigned *ret);
+void emm_format_signal(unsigned sig, char *buf, size_t n);
+/* EMM_STATS: a boolean (table or nothing), "table", "json" (JSON on
+ * stderr), or a path (one with a '/' or ending in .json: JSON into it). */
+int emm_parse_stats(const char *s, bool *ret_on, bool *ret_json, char *file, size_t file_size);
 
 /* emm_options_parse with the secure mode given instead of read from
- * getauxval(AT_SECURE): when `secure`, EMM_BACKEND and EMM_LOG are ignored
+ * getauxval(AT_SECURE): when `secure`, EMM_BACKEND, EMM_LOG and EMM_IPC_DIR are ignored
  * with a warning (a setuid program must not dlopen or write where its
  * invoker says). For tests. */
 void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum emm_option_source *sources,

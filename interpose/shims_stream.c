@@ -157,19 +157,28 @@ EMM_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *p
 
 EMM_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
 {
-	CUresult r = CALL_REAL(cuCtxDestroy_v2, ctx);
+	bool on = emm_state_enabled();
+	CUresult r;
 
-	if (r == CUDA_SUCCESS && emm_state_enabled())
+	if (on)
+		emm_state_context_destroying(ctx);
+	r = CALL_REAL(cuCtxDestroy_v2, ctx);
+	if (on && r == CUDA_SUCCESS)
 		emm_state_context_destroyed(ctx);
+	else if (on)
+		emm_state_context_destroy_failed(ctx);
 	return r;
 }
 
 EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
 {
+	CUcontext ctx = emm_state_enabled() ? emm_state_primary_resetting(dev) : NULL;
 	CUresult r = CALL_REAL(cuDevicePrimaryCtxReset_v2, dev);
 
 	if (r == CUDA_SUCCESS && emm_state_enabled())
 		emm_state_primary_reset(dev);
+	else if (ctx)
+		emm_state_context_destroy_failed(ctx);
 	return r;
 }
 

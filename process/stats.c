@@ -3,7 +3,7 @@
  * process/stats.c - the counters kept outside any heap (pass-through,
  * refused and forwarded calls, process-wide and per device), the counters
  * of heaps already destroyed, and the walks over the live heaps that
- * statistics, cuMemGetInfo and the OOM report make.
+ * statistics and cuMemGetInfo make (the OOM report is oom_report.c's).
  *
  * A destroyed heap's counters are kept (`retired`) so that EMM_STATS still
  * shows a device whose context was reset before exit. The per-device
@@ -136,18 +136,12 @@ void emm_state_for_each_heap(void (*fn)(emm_heap_t *heap, int device, void *arg)
 	free(refs);
 }
 
-size_t emm_state_idle_bytes_current_device(void)
+size_t st_idle_bytes_device(int device)
 {
-	const struct emm_real_driver_table *real = st_real_table();
-	struct ctx_entry *e;
 	struct heap_ref *refs;
-	size_t n, total = 0;
-	CUdevice dev;
+	size_t n, total = st_vmm_idle_bytes(device);
 
-	/* A program that allocates only through the VMM calls has no heap. */
-	if (real->cuCtxGetDevice && real->cuCtxGetDevice(&dev) == CUDA_SUCCESS)
-		total = st_vmm_idle_bytes(dev);
-	if (st_current_entry(&e, false) < 0)
+	if (!atomic_load_explicit(&st_init_done, memory_order_acquire) || !st_enabled || st_is_exiting())
 		return total;
 	pthread_rwlock_rdlock(&st_heap_life_lock);
 	st_lock(&st_ctx_lock);
@@ -155,7 +149,7 @@ size_t emm_state_idle_bytes_current_device(void)
 	st_unlock(&st_ctx_lock);
 	for (size_t i = 0; i < n; i++) {
 		size_t idle = 0, largest = 0;
-		if (refs[i].device != e->device)
+		if (refs[i].device != device)
 			continue;
 		emm_heap_idle_info(refs[i].heap, &idle, &largest);
 		total += idle;
@@ -163,6 +157,19 @@ size_t emm_state_idle_bytes_current_device(void)
 	pthread_rwlock_unlock(&st_heap_life_lock);
 	free(refs);
 	return total;
+}
+
+size_t emm_state_idle_bytes_current_device(void)
+{
+	const struct emm_real_driver_table *real = st_real_table();
+	CUdevice dev;
+
+	/* Every heap of the device counts (another context's too: the
+	 * driver's free memory is the device's), and its idle VMM buffers (a
+	 * program that allocates only through the VMM calls has no heap). */
+	if (!real->cuCtxGetDevice || real->cuCtxGetDevice(&dev) != CUDA_SUCCESS)
+		return 0;
+	return st_idle_bytes_device(dev);
 }
 
 static void add_retired(struct emm_stats *out, const struct emm_stats *r)
@@ -233,24 +240,6 @@ void emm_state_collect_stats(int device, struct emm_stats *out)
 	pthread_rwlock_unlock(&st_heap_life_lock);
 	emm_state_add_counter_stats(device, out);
 	st_vmm_add_stats(device, out);
-}
-
-void emm_state_report_oom(emm_heap_t *heap, size_t size)
-{
-	struct emm_stats s;
-	size_t idle = 0, largest = 0;
-
-	if (emm_state_options()->verbose < 1)
-		return;
-	memset(&s, 0, sizeof(s));
-	s.struct_size = sizeof(s);
-	emm_heap_add_stats(heap, &s);
-	emm_heap_idle_info(heap, &idle, &largest);
-	emm_warn("out of memory: %zu bytes requested on %s %d; libemm holds %llu bytes (%llu allocated, "
-	         "%zu idle, %llu pending), largest free block %zu bytes",
-	         size, emm_heap_device(heap) == -2 ? "pinned host heap" : "device", emm_heap_device(heap),
-	         (unsigned long long)s.reserved_bytes, (unsigned long long)s.allocated_bytes, idle,
-	         (unsigned long long)s.pending_bytes, largest);
 }
 
 void st_stats_fork_child(void)

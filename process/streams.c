@@ -254,20 +254,27 @@ int st_publish_heap(emm_heap_t *heap, CUcontext ctx, void (*publish_locked)(void
 	return 0;
 }
 
-size_t st_stream_nonblocking_keys(CUcontext ctx, emm_stream_t *keys, size_t cap)
+/* The keys of ctx's live streams (only non-blocking ones if asked): how
+ * many there are (only the first `cap` are written). */
+static size_t context_stream_keys(CUcontext ctx, bool nonblocking_only, emm_stream_t *keys, size_t cap)
 {
 	size_t n = 0;
 
 	st_rdlock(&stream_lock);
 	for (unsigned b = 0; b < STREAM_BUCKETS; b++)
 		for (struct stream_node *s = stream_buckets[b]; s; s = s->next)
-			if (s->ctx == ctx && s->nonblocking) {
+			if (s->ctx == ctx && (s->nonblocking || !nonblocking_only)) {
 				if (n < cap)
 					keys[n] = s->key;
 				n++;
 			}
 	st_rwunlock(&stream_lock);
 	return n;
+}
+
+size_t st_stream_nonblocking_keys(CUcontext ctx, emm_stream_t *keys, size_t cap)
+{
+	return context_stream_keys(ctx, true, keys, cap);
 }
 
 void st_streams_fork_child(void)
@@ -334,22 +341,25 @@ static size_t heaps_of_stream(emm_stream_t key, emm_heap_t **heaps)
 	return n;
 }
 
+static void stream_destroyed_in(emm_heap_t *heap, int device, void *arg)
+{
+	(void)device;
+	emm_heap_stream_destroyed(heap, *(const emm_stream_t *)arg);
+}
+
 void emm_state_stream_destroying(CUstream stream)
 {
-	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
 	emm_stream_t key = emm_state_stream_key(stream, false);
-	size_t n;
 
 	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
 	/* While the stream still lives: its ready blocks get a marker recorded
 	 * on it (or wait as orphans), and the heaps stop recording on it. The
-	 * registry keeps it until the destroy succeeds. */
-	emm_state_enter();
-	n = heaps_of_stream(key, heaps);
-	for (size_t i = 0; i < n; i++)
-		emm_heap_stream_destroyed(heaps[i], key);
-	emm_state_leave();
+	 * registry keeps it until the destroy succeeds. Every heap, not only
+	 * those of the stream's context: a cuMemFreeAsync of another device's
+	 * block on this stream left that block keyed to it in the owner's heap
+	 * (the walk's shared heap_life lock keeps the heaps alive). */
+	emm_state_for_each_heap(stream_destroyed_in, &key, false);
 }
 
 void emm_state_stream_destroy_failed(CUstream stream)
@@ -377,4 +387,66 @@ void emm_state_stream_destroyed(CUstream stream)
 	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
 		return;
 	(void)stream_remove(key);
+}
+
+struct stream_keys {
+	emm_stream_t *keys;
+	size_t n;
+};
+
+static void streams_destroyed_in(emm_heap_t *heap, int device, void *arg)
+{
+	const struct stream_keys *k = arg;
+
+	(void)device;
+	for (size_t i = 0; i < k->n; i++)
+		emm_heap_stream_destroyed(heap, k->keys[i]);
+}
+
+/* Every live stream of ctx (caller frees; n 0 and NULL without memory). */
+static struct stream_keys context_streams(CUcontext ctx)
+{
+	struct stream_keys k = {NULL, 0};
+	size_t cap = 0;
+
+	for (;;) {
+		size_t n = context_stream_keys(ctx, false, k.keys, cap);
+		if (n <= cap) {
+			k.n = n;
+			return k;
+		}
+		free(k.keys);
+		cap = n + 8;
+		k.keys = malloc(cap * sizeof(*k.keys));
+		if (!k.keys)
+			return (struct stream_keys){NULL, 0};
+	}
+}
+
+void emm_state_context_destroying(CUcontext ctx)
+{
+	struct stream_keys k;
+
+	if (!ctx || !st_is_enabled() || st_is_exiting())
+		return;
+	/* As for each stream's own destroy (emm_state_stream_destroying),
+	 * while the context and its streams still live: blocks of any heap
+	 * freed on them (another device's too) get their markers now; the
+	 * context's fence pool dies with it, and so they read complete. */
+	k = context_streams(ctx);
+	if (k.n)
+		emm_state_for_each_heap(streams_destroyed_in, &k, false);
+	free(k.keys);
+}
+
+void emm_state_context_destroy_failed(CUcontext ctx)
+{
+	struct stream_keys k;
+
+	if (!ctx || !st_is_enabled())
+		return;
+	k = context_streams(ctx);
+	for (size_t i = 0; i < k.n; i++)
+		emm_state_stream_destroy_failed(emm_state_stream_handle(k.keys[i]));
+	free(k.keys);
 }

@@ -449,14 +449,23 @@ void emm_vmm_release_done(CUmemGenericAllocationHandle handle, bool ok)
 {
 	enum emm_vmm_mode_value mode = emm_vmm_mode();
 
+	struct plain_handle *hd;
+	int device = st_tls_device();
+
 	if (!ok || mode == EMM_VMM_MODE_OFF)
 		return;
-	vmm_count(VC_FREES, st_tls_device(), 1);
-	if (mode != EMM_VMM_MODE_CACHE)
-		return;
-	st_lock(&vmm_lock);
-	vmm_hnd_del(handle);
-	st_unlock(&vmm_lock);
+	if (mode == EMM_VMM_MODE_CACHE) {
+		/* The free counts on the handle's device, which need not be
+		 * the current context's (EMM_VMM=count keeps no table: there
+		 * it is the thread's device). */
+		st_lock(&vmm_lock);
+		hd = vmm_hnd_find(handle);
+		if (hd && hd->prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+			device = hd->prop.location.id;
+		vmm_hnd_del(handle);
+		st_unlock(&vmm_lock);
+	}
+	vmm_count(VC_FREES, device, 1);
 }
 
 int emm_vmm_address_free(CUdeviceptr va, size_t size)

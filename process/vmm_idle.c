@@ -19,7 +19,7 @@
  * segments shrinking) means to give memory back, so it must not wait for
  * the program's next VMM call. A thread, created on the first pending
  * deferral with every signal blocked, makes real each deferral pending for
- * REAP_MS. XLA's free (unmap, release, free the range) comes back to back
+ * EMM_VMM_REAP_MS (5 ms). XLA's free (unmap, release, free the range) comes back to back
  * from one thread, a few microseconds apart once deferred, so 5 ms is
  * far beyond a free sequence (and if a thread is descheduled in the
  * middle of one, the cost is one buffer not cached), while memory comes
@@ -44,8 +44,6 @@
 #include "process/process_internal.h"
 #include "process/vmm_internal.h"
 
-#define REAP_MS	   5
-#define REAP_NS	   ((uint64_t)REAP_MS * 1000000u)
 #define IDLE_MS	   1000
 #define IDLE_NS	   ((uint64_t)IDLE_MS * 1000000u)
 #define MAX_CHECKS 4 /* idle vbufs whose fences one reservation queries */
@@ -210,8 +208,10 @@ void vmm_make_idle(struct vbuf *v)
 	st_unlock(&vmm_lock);
 	if (threshold == SIZE_MAX)
 		return;
-	/* Idle VMM memory counts with the heaps' idle memory of the device. */
-	idle = emm_state_idle_bytes_current_device();
+	/* Idle VMM memory counts with the heaps' idle memory of its device
+	 * (v's, not the current context's: the program may free a buffer of
+	 * device 1 while device 0's context is current). */
+	idle = st_idle_bytes_device(v->device);
 	if (idle > threshold) {
 		size_t mine = st_vmm_idle_bytes(v->device), excess = idle - threshold;
 		(void)release_idle(v->device, mine > excess ? mine - excess : 0);
@@ -336,7 +336,7 @@ static void *reaper_main(void *arg)
 		struct timespec ts;
 
 		for (int idle = 0; idle < 2; idle++) {
-			uint64_t age = idle ? IDLE_NS : REAP_NS;
+			uint64_t age = idle ? IDLE_NS : (uint64_t)st_opts->vmm_reap_ms * 1000000u;
 			for (struct vbuf *v = idle ? idle_head : pending_head, *next; v && !st_is_exiting();
 			     v = next) {
 				next = v->next;

@@ -104,7 +104,10 @@
 	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease) \
 	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)            \
 	X(cuMemGetAllocationGranularity) X(cuMemGetAllocationPropertiesFromHandle) \
-	X(cuMemRetainAllocationHandle)
+	X(cuMemRetainAllocationHandle)                                           \
+	X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) \
+	X(cuMemcpyPeer) X(cuMemcpyPeer_ptds)                                     \
+	X(cuMemcpyPeerAsync) X(cuMemcpyPeerAsync_ptsz)
 
 enum fake_fn {
 #define FAKE_FN_ENUM(name) FN_##name,
@@ -293,6 +296,16 @@ void fake_mem_free_deferred_locked(CUdeviceptr ptr);
  * cuMemAllocFromPoolAsync (explicit true: from hpool); takes the lock. */
 CUresult fake_mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, bool ptds, bool explicit,
 			      CUmemoryPool hpool);
+
+/* [p, p + n) lies inside one allocation the device can reach (any kind). */
+bool fake_mem_device_range_locked(uintptr_t p, size_t n);
+
+/* --- fake_peer.c --- */
+
+/* The context is destroyed or reset: its peer links (both ways) end. */
+void fake_peer_drop_ctx_locked(struct fake_ctx *ctx);
+/* fakecuda_reset: no peer links. */
+void fake_peer_reset_locked(void);
 
 /* --- fake_pool.c --- */
 

@@ -221,6 +221,7 @@ FAKECUDA_API void fakecuda_reset(void)
 	fake_mem_reset_locked();
 	fake_pool_reset_locked();
 	fake_vmm_reset_locked();
+	fake_peer_reset_locked();
 	for (struct fake_ctx *c = g_fake.contexts, *n; c; c = n) {
 		n = c->next;
 		free(c);
@@ -588,6 +589,7 @@ static void ctx_deactivate_locked(struct fake_ctx *c)
 		return;
 	fake_mem_drop_ctx_locked(c);
 	fake_ctx_drop_streams_locked(c);
+	fake_peer_drop_ctx_locked(c);
 	c->legacy = NULL;
 	c->alive = false;
 }

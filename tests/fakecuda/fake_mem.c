@@ -1016,6 +1016,11 @@ static bool device_range_ok(uintptr_t p, size_t n)
 	return a && n <= a->size - (p - a->base);
 }
 
+bool fake_mem_device_range_locked(uintptr_t p, size_t n)
+{
+	return device_range_ok(p, n);
+}
+
 /* A pointer cuMemcpy may take: inside an allocation with room for n bytes,
  * or any other non-NULL address (host memory, as unified addressing has
  * it). */

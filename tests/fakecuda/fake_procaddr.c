@@ -184,6 +184,13 @@ static const struct proc_entry table[] = {
 	LEGACY(cuMemGetAllocationGranularity, 10020, cuMemGetAllocationGranularity)
 	LEGACY(cuMemGetAllocationPropertiesFromHandle, 10020, cuMemGetAllocationPropertiesFromHandle)
 	LEGACY(cuMemRetainAllocationHandle, 11000, cuMemRetainAllocationHandle)
+	LEGACY(cuDeviceCanAccessPeer, 4000, cuDeviceCanAccessPeer)
+	LEGACY(cuCtxEnablePeerAccess, 4000, cuCtxEnablePeerAccess)
+	LEGACY(cuCtxDisablePeerAccess, 4000, cuCtxDisablePeerAccess)
+	LEGACY(cuMemcpyPeer, 4000, cuMemcpyPeer)
+	PT(cuMemcpyPeer, 7000, cuMemcpyPeer_ptds)
+	LEGACY(cuMemcpyPeerAsync, 4000, cuMemcpyPeerAsync)
+	PT(cuMemcpyPeerAsync, 7000, cuMemcpyPeerAsync_ptsz)
 };
 
 #undef LEGACY

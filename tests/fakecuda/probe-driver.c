@@ -60,7 +60,9 @@
 	X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemCreate) X(cuMemRelease)             \
 	X(cuMemMap) X(cuMemUnmap) X(cuMemSetAccess) X(cuMemGetAccess)                         \
 	X(cuMemGetAllocationGranularity) X(cuMemGetAllocationPropertiesFromHandle)            \
-	X(cuMemRetainAllocationHandle)
+	X(cuMemRetainAllocationHandle)                                                         \
+	X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess)            \
+	X(cuMemcpyPeer) X(cuMemcpyPeerAsync)
 
 #define DECLARE(name) static __typeof__(name) *p_##name;
 DRIVER_FUNCTIONS(DECLARE)
@@ -746,6 +748,64 @@ static void case_copies(void)
 		   "set bytes 16..47");
 	check_rc("zero bytes", CALL(cuMemcpyHtoD_v2)(p, in, 0), CUDA_SUCCESS);
 	MUST(CALL(cuMemFree_v2)(p));
+}
+
+/* Peer access (documented codes, cuda.h): the checks that need one device,
+ * then, with two devices that can reach each other, enabling and disabling
+ * between the primary contexts of devices 0 and 1 and the peer copies. */
+static void case_peer(void)
+{
+	SETUP();
+	CUcontext other = NULL;
+	CUdeviceptr a = 0, b = 0;
+	unsigned char in[4096], out[4096];
+	int n = 0, can = -1;
+
+	check_rc("can access self", CALL(cuDeviceCanAccessPeer)(&can, 0, 0), CUDA_SUCCESS);
+	check_u64("can access self value", (uint64_t)can, 0);
+	check_rc("can access bad peer", CALL(cuDeviceCanAccessPeer)(&can, 0, 99), CUDA_ERROR_INVALID_DEVICE);
+	check_rc("can access bad device", CALL(cuDeviceCanAccessPeer)(&can, 99, 0), CUDA_ERROR_INVALID_DEVICE);
+	check_rc("enable NULL", CALL(cuCtxEnablePeerAccess)(NULL, 0), CUDA_ERROR_INVALID_CONTEXT);
+	check_rc("enable self", CALL(cuCtxEnablePeerAccess)(primary, 0), CUDA_ERROR_PEER_ACCESS_UNSUPPORTED);
+	MUST(CALL(cuDeviceGetCount)(&n));
+	if (n >= 2)
+		MUST(CALL(cuDeviceCanAccessPeer)(&can, 0, 1));
+	if (n < 2 || !can) {
+		printf("EMM-PARTIAL: ran 1, skipped 1 (peer: %s)\n",
+		       n < 2 ? "one device: enable/disable and peer copies not probed"
+		             : "devices 0 and 1 cannot access each other");
+		return;
+	}
+	MUST(CALL(cuDevicePrimaryCtxRetain)(&other, 1));
+	check_rc("enable flags 1", CALL(cuCtxEnablePeerAccess)(other, 1), CUDA_ERROR_INVALID_VALUE);
+	check_rc("disable not enabled", CALL(cuCtxDisablePeerAccess)(other), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+	check_rc("enable", CALL(cuCtxEnablePeerAccess)(other, 0), CUDA_SUCCESS);
+	check_rc("enable again", CALL(cuCtxEnablePeerAccess)(other, 0), CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+	for (int i = 0; i < 4096; i++)
+		in[i] = (unsigned char)(i * 13 + 1);
+	MUST(CALL(cuMemAlloc_v2)(&a, sizeof(in)));
+	MUST(CALL(cuMemcpyHtoD_v2)(a, in, sizeof(in)));
+	MUST(CALL(cuCtxSetCurrent)(other));
+	check_rc("enable from the peer", CALL(cuCtxEnablePeerAccess)(primary, 0), CUDA_SUCCESS);
+	MUST(CALL(cuMemAlloc_v2)(&b, sizeof(in)));
+	check_rc("copy 0 -> 1", CALL(cuMemcpyPeer)(b, other, a, primary, sizeof(in)), CUDA_SUCCESS);
+	memset(out, 0, sizeof(out));
+	MUST(CALL(cuMemcpyDtoH_v2)(out, b, sizeof(out)));
+	check_true("copy 0 -> 1 data", memcmp(in, out, sizeof(in)) == 0, "bytes arrive on device 1");
+	MUST(CALL(cuMemsetD8_v2)(b, 0x3c, 100));
+	check_rc("copy 1 -> 0 async", CALL(cuMemcpyPeerAsync)(a + 8, primary, b, other, 100, NULL), CUDA_SUCCESS);
+	MUST(CALL(cuCtxSynchronize)());
+	MUST(CALL(cuCtxSetCurrent)(primary));
+	memset(out, 0, sizeof(out));
+	MUST(CALL(cuMemcpyDtoH_v2)(out, a, sizeof(out)));
+	check_true("copy 1 -> 0 data", out[7] == in[7] && out[8] == 0x3c && out[107] == 0x3c && out[108] == in[108],
+		   "bytes 8..107 from device 1");
+	check_rc("copy NULL context", CALL(cuMemcpyPeer)(b, NULL, a, primary, 16), CUDA_SUCCESS);
+	check_rc("disable", CALL(cuCtxDisablePeerAccess)(other), CUDA_SUCCESS);
+	check_rc("disable again", CALL(cuCtxDisablePeerAccess)(other), CUDA_ERROR_PEER_ACCESS_NOT_ENABLED);
+	MUST(CALL(cuMemFree_v2)(a));
+	MUST(CALL(cuMemFree_v2)(b)); /* device 1's memory, device 0 current */
+	MUST(CALL(cuDevicePrimaryCtxRelease_v2)(1));
 }
 
 /* --- cases: streams and events --- */
@@ -1605,7 +1665,7 @@ static void case_vmm_no_context(void)
 	X(ctx_destroy_frees) X(primary_refcount) X(primary_reset) X(primary_release_reuse)             \
 	X(mem_alloc_free) X(mem_info) X(mem_pitch) X(mem_v1) X(mem_v1_context) X(mem_async)            \
 	X(mem_host) X(mem_host_zero) X(mem_managed)                                                    \
-	X(pointer_attributes) X(copies) X(streams) X(stream_destroy_special) X(events)                \
+	X(pointer_attributes) X(copies) X(peer) X(streams) X(stream_destroy_special) X(events)                \
 	X(capture_legacy) X(capture_basic) X(capture_event_query_relaxed)                              \
 	X(capture_event_query_global) X(capture_alloc) X(capture_free) X(capture_host_alloc)           \
 	X(capture_relaxed) X(capture_thread_local) X(capture_global_other_thread) X(capture_v1_mode)   \

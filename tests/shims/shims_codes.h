@@ -2,10 +2,10 @@
 /*
  * tests/shims/shims_codes.h - a fixed sequence of driver calls whose answers
  * (one "name code" line each, no pointer values) must be the same with and
- * without libemm, and the helper that runs a test program again in a fresh
- * process to collect them. Shared by test_shims.c (over the test-double
- * driver) and test_shims_gpu.c (over the real one). Functions are static:
- * each program includes this once.
+ * without libemm (run in a fresh process with run_self, shims_run.h).
+ * Shared by test_shims.c (over the test-double driver) and test_shims_gpu.c
+ * (over the real one). Functions are static: each program includes this
+ * once.
  */
 #ifndef EMM_TESTS_SHIMS_CODES_H
 #define EMM_TESTS_SHIMS_CODES_H
@@ -14,55 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-/* --- running this program again ---------------------------------------- */
-
-/*
- * Run this program with `mode`, with extra "NAME=value" settings (NULL
- * value: unset). Captures its stdout into out (NUL-terminated); its stderr
- * goes to ours. Returns the exit status, or -1.
- */
-static int run_self(const char *mode, const char *const *env, char *out, size_t out_size)
-{
-	int pipefd[2];
-	pid_t pid;
-	size_t used = 0;
-	int status;
-
-	if (pipe(pipefd) != 0)
-		return -1;
-	pid = fork();
-	if (pid < 0)
-		return -1;
-	if (pid == 0) {
-		close(pipefd[0]);
-		dup2(pipefd[1], 1);
-		for (const char *const *e = env; e && *e; e += 2) {
-			if (e[1])
-				setenv(e[0], e[1], 1);
-			else
-				unsetenv(e[0]);
-		}
-		execl("/proc/self/exe", "self", mode, (char *)NULL);
-		_exit(127);
-	}
-	close(pipefd[1]);
-	for (;;) {
-		ssize_t n = read(pipefd[0], out + used, out_size - 1 - used);
-		if (n <= 0)
-			break;
-		used += (size_t)n;
-		if (used == out_size - 1)
-			break;
-	}
-	out[used] = '\0';
-	close(pipefd[0]);
-	if (waitpid(pid, &status, 0) != pid)
-		return -1;
-	return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+#include "shims_run.h"
 
 /* --- mode "codes": the driver's answers to a fixed sequence ------------- */
 

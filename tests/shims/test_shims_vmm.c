@@ -22,73 +22,35 @@
 
 #include "emm_test.h"
 #include "shims_common.h"
+#include "shims_vmm.h"
 
 #define MIB ((size_t)1 << 20)
 
 static const char *const vmm_names[] = {"cuMemAddressReserve", "cuMemCreate", "cuMemMap", "cuMemSetAccess",
                                         "cuMemUnmap", "cuMemRelease", "cuMemAddressFree"};
 
-struct buf {
-	CUdeviceptr va;
-	size_t size;
-	CUmemGenericAllocationHandle h;
-};
-
 static CUmemAllocationProp prop0(CUmemAllocationHandleType types)
 {
-	CUmemAllocationProp p;
-
-	memset(&p, 0, sizeof(p));
-	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p.location.id = 0;
-	p.requestedHandleTypes = types;
-	return p;
+	return shims_vmm_prop(0, types);
 }
 
 static CUmemAccessDesc access0(void)
 {
-	CUmemAccessDesc d;
-
-	memset(&d, 0, sizeof(d));
-	d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	d.location.id = 0;
-	d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	return d;
+	return shims_vmm_access(0);
 }
 
-/* XLA's allocation: reserve, create, map, set access. */
+/* XLA's allocation on device 0: reserve, create, map, set access. */
 static CUresult xla_alloc_t(struct buf *b, size_t size, CUmemAllocationHandleType types)
 {
 	CUmemAllocationProp p = prop0(types);
 	CUmemAccessDesc d = access0();
-	CUresult r;
 
-	b->size = size;
-	if ((r = cuMemAddressReserve(&b->va, size, 0, 0, 0)) != CUDA_SUCCESS)
-		return r;
-	if ((r = cuMemCreate(&b->h, size, &p, 0)) != CUDA_SUCCESS)
-		return r;
-	if ((r = cuMemMap(b->va, size, 0, b->h, 0)) != CUDA_SUCCESS)
-		return r;
-	return cuMemSetAccess(b->va, size, &d, 1);
+	return shims_vmm_alloc(b, size, &p, &d, 1);
 }
 
 static CUresult xla_alloc(struct buf *b, size_t size)
 {
 	return xla_alloc_t(b, size, CU_MEM_HANDLE_TYPE_NONE);
-}
-
-/* XLA's free: unmap the whole range, release the handle, free the range. */
-static CUresult xla_free(const struct buf *b)
-{
-	CUresult r;
-
-	if ((r = cuMemUnmap(b->va, b->size)) != CUDA_SUCCESS)
-		return r;
-	if ((r = cuMemRelease(b->h)) != CUDA_SUCCESS)
-		return r;
-	return cuMemAddressFree(b->va, b->size);
 }
 
 static uint64_t vmm_calls(void)
@@ -130,7 +92,7 @@ TEST_BEGIN(test_xla_pattern_served_from_cache)
 			expect_true(p[0] == 0x40 + i && p[sizes[i] - 1] == 0x40 + i);
 		}
 		for (int i = 3; i >= 0; i--)
-			assert_int_eq(xla_free(&b[i]), CUDA_SUCCESS);
+			assert_int_eq(shims_vmm_free(&b[i]), CUDA_SUCCESS);
 		if (round > 0)
 			expect_u64_eq(vmm_calls(), 0);
 	}
@@ -175,7 +137,7 @@ TEST_BEGIN(test_sleep_pattern_gives_memory_back)
 		assert_int_eq(cuMemMap(b.va, b.size, 0, b.h, 0), CUDA_SUCCESS);
 		assert_int_eq(cuMemSetAccess(b.va, b.size, &d, 1), CUDA_SUCCESS);
 		memset((void *)(uintptr_t)b.va, 7, b.size);
-		assert_int_eq(xla_free(&b), CUDA_SUCCESS);
+		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
 		shims_release_idle(-1, 0);
 		expect_u64_eq(fakecuda_mem_used(0), base);
 	}
@@ -203,7 +165,7 @@ TEST_BEGIN(test_xla_create_first_order)
 		assert_int_eq(cuMemSetAccess(b.va, b.size, &d, 1), CUDA_SUCCESS);
 		memset((void *)(uintptr_t)b.va, round + 1, b.size);
 		expect_int_eq(((unsigned char *)(uintptr_t)b.va)[b.size - 1], round + 1);
-		assert_int_eq(xla_free(&b), CUDA_SUCCESS);
+		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
 	}
 	expect_u64_eq(vmm_calls(), 0);
 }
@@ -218,7 +180,7 @@ TEST_BEGIN(test_idle_buffer_given_back_after_a_second)
 	shims_release_idle(-1, 0);
 	base = fakecuda_mem_used(0);
 	assert_int_eq(xla_alloc(&b, 12 * MIB), CUDA_SUCCESS);
-	assert_int_eq(xla_free(&b), CUDA_SUCCESS);
+	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
 	expect_true(fakecuda_mem_used(0) >= base + 12 * MIB); /* kept for reuse */
 	expect_true(wait_used_at_most(base, 3000));          /* the reaper, after ~1 s */
 }
@@ -239,7 +201,7 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 	for (int round = 0; round < 2; round++) {
 		assert_int_eq(xla_alloc_t(&b, 4 * MIB, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), CUDA_SUCCESS);
 		fakecuda_reset_counters();
-		assert_int_eq(xla_free(&b), CUDA_SUCCESS);
+		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
 		expect_u64_eq(vmm_calls(), 0);
 	}
 	for (int round = 0; round < 2; round++) {
@@ -247,7 +209,7 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 		assert_int_eq(cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)b.va), CUDA_SUCCESS);
 		assert_int_eq(cuMemRelease(h), CUDA_SUCCESS);
 		fakecuda_reset_counters();
-		assert_int_eq(xla_free(&b), CUDA_SUCCESS);
+		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
 		expect_u64_eq(vmm_calls(), 3);
 	}
 	/* Half of a reservation mapped (PyTorch's expandable segments). */
@@ -264,7 +226,7 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 	assert_int_eq(xla_alloc(&b, 4 * MIB), CUDA_SUCCESS);
 	expect_int_eq(cuMemUnmap(b.va, 2 * MIB), CUDA_ERROR_INVALID_VALUE);
 	fakecuda_reset_counters();
-	assert_int_eq(xla_free(&b), CUDA_SUCCESS);
+	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
 	expect_u64_eq(vmm_calls(), 3);
 	/* A handle mapped twice is never cached. */
 	assert_int_eq(xla_alloc(&b, 4 * MIB), CUDA_SUCCESS);
@@ -273,7 +235,7 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 	assert_int_eq(cuMemUnmap(va, 4 * MIB), CUDA_SUCCESS);
 	assert_int_eq(cuMemAddressFree(va, 4 * MIB), CUDA_SUCCESS);
 	fakecuda_reset_counters();
-	assert_int_eq(xla_free(&b), CUDA_SUCCESS);
+	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
 	expect_u64_eq(vmm_calls(), 3);
 }
 TEST_END
@@ -289,7 +251,7 @@ TEST_BEGIN(test_fence_holds_freed_buffer)
 	shims_release_idle(-1, 0);
 	fakecuda_set_event_delay(1000000);
 	assert_int_eq(xla_alloc(&a, 10 * MIB), CUDA_SUCCESS);
-	assert_int_eq(xla_free(&a), CUDA_SUCCESS);
+	assert_int_eq(shims_vmm_free(&a), CUDA_SUCCESS);
 	fakecuda_reset_counters();
 	assert_int_eq(xla_alloc(&b, 10 * MIB), CUDA_SUCCESS);
 	expect_true(b.va != a.va);
@@ -301,8 +263,8 @@ TEST_BEGIN(test_fence_holds_freed_buffer)
 	assert_int_eq(xla_alloc(&c, 10 * MIB), CUDA_SUCCESS);
 	expect_true(c.va == a.va);
 	expect_u64_eq(vmm_calls(), 0);
-	assert_int_eq(xla_free(&b), CUDA_SUCCESS);
-	assert_int_eq(xla_free(&c), CUDA_SUCCESS);
+	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+	assert_int_eq(shims_vmm_free(&c), CUDA_SUCCESS);
 	assert_int_eq(cuStreamDestroy(nb), CUDA_SUCCESS);
 }
 TEST_END
@@ -322,7 +284,7 @@ TEST_BEGIN(test_idle_is_free_memory)
 	for (int i = 0; i < 6; i++)
 		assert_int_eq(xla_alloc(&b[i], 8 * MIB), CUDA_SUCCESS);
 	for (int i = 0; i < 6; i++)
-		assert_int_eq(xla_free(&b[i]), CUDA_SUCCESS);
+		assert_int_eq(shims_vmm_free(&b[i]), CUDA_SUCCESS);
 	expect_u64_eq(fakecuda_mem_used(0), used + 48 * MIB);
 	assert_int_eq(cuMemGetInfo(&fr, &tot), CUDA_SUCCESS);
 	expect_u64_eq(fr, tot - used);
@@ -334,13 +296,13 @@ TEST_BEGIN(test_idle_is_free_memory)
 	for (int i = 0; i < 6; i++)
 		assert_int_eq(xla_alloc(&b[i], 8 * MIB), CUDA_SUCCESS);
 	for (int i = 0; i < 6; i++)
-		assert_int_eq(xla_free(&b[i]), CUDA_SUCCESS);
+		assert_int_eq(shims_vmm_free(&b[i]), CUDA_SUCCESS);
 	assert_int_eq(cuMemCreate(&h, 32 * MIB, &p, 0), CUDA_SUCCESS);
 	assert_int_eq(cuMemRelease(h), CUDA_SUCCESS);
 	for (int i = 0; i < 6; i++)
 		assert_int_eq(xla_alloc(&b[i], 8 * MIB), CUDA_SUCCESS);
 	for (int i = 0; i < 6; i++)
-		assert_int_eq(xla_free(&b[i]), CUDA_SUCCESS);
+		assert_int_eq(shims_vmm_free(&b[i]), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&d, 40 * MIB), CUDA_SUCCESS);
 	assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
 	shims_release_idle(-1, 0);
@@ -363,7 +325,7 @@ static void *thread_rounds(void *arg)
 			return (void *)1;
 		memset((void *)(uintptr_t)b.va, round, 4096);
 		bad |= ((unsigned char *)(uintptr_t)b.va)[4095] != (unsigned char)round;
-		if (xla_free(&b) != CUDA_SUCCESS)
+		if (shims_vmm_free(&b) != CUDA_SUCCESS)
 			return (void *)1;
 	}
 	return (void *)bad;
@@ -395,7 +357,7 @@ TEST_BEGIN(test_fork_and_exit_with_live_mappings)
 
 	assert_int_eq(xla_alloc(&live, 2 * MIB), CUDA_SUCCESS);
 	assert_int_eq(xla_alloc(&idle, 4 * MIB), CUDA_SUCCESS);
-	assert_int_eq(xla_free(&idle), CUDA_SUCCESS);
+	assert_int_eq(shims_vmm_free(&idle), CUDA_SUCCESS);
 	assert_int_eq(xla_alloc(&sleep, 6 * MIB), CUDA_SUCCESS);
 	used = fakecuda_mem_used(0);
 	assert_int_eq(cuMemUnmap(sleep.va, sleep.size), CUDA_SUCCESS);
@@ -499,10 +461,10 @@ static int mode_codes(void)
 		CODE(cuMemUnmap(b.va, 2 * MIB), CUDA_ERROR_INVALID_VALUE);
 		CODE(xla_alloc(&c, 4 * MIB), CUDA_SUCCESS);
 		CODE(cuMemAddressFree(c.va, c.size), CUDA_ERROR_INVALID_VALUE); /* still mapped */
-		CODE(xla_free(&c), CUDA_SUCCESS);
-		CODE(xla_free(&b), CUDA_SUCCESS);
+		CODE(shims_vmm_free(&c), CUDA_SUCCESS);
+		CODE(shims_vmm_free(&b), CUDA_SUCCESS);
 		/* A freed (in libemm: cached) range, handle and address used again. */
-#define STALE(call) (xla_alloc(&b, 4 * MIB), xla_free(&b), (call))
+#define STALE(call) (xla_alloc(&b, 4 * MIB), shims_vmm_free(&b), (call))
 		CODE(STALE(cuMemRelease(b.h)), CUDA_ERROR_INVALID_VALUE);
 		CODE(STALE(cuMemGetAccess(&fl, &d.location, b.va)), CUDA_ERROR_INVALID_VALUE);
 		CODE(STALE(cuMemGetAllocationPropertiesFromHandle(&p, b.h)), CUDA_ERROR_INVALID_VALUE);
@@ -538,7 +500,7 @@ static int mode_passthrough(bool counted)
 
 	for (int round = 0; round < 3; round++) {
 		fakecuda_reset_counters();
-		bad |= xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || xla_free(&b) != CUDA_SUCCESS;
+		bad |= xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || shims_vmm_free(&b) != CUDA_SUCCESS;
 		bad |= vmm_calls() != 7;
 	}
 	shims_stats(-1, &s);
@@ -558,7 +520,7 @@ static int mode_trace(const char *path)
 	struct buf b;
 	FILE *f;
 
-	if (xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || xla_free(&b) != CUDA_SUCCESS)
+	if (xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || shims_vmm_free(&b) != CUDA_SUCCESS)
 		return 1;
 	shims_stats(-1, &s); /* flushes the trace */
 	snprintf(want, sizeof(want), ",%#llx,%zu,", (unsigned long long)b.va, b.size);
@@ -579,7 +541,7 @@ static int mode_threshold(void)
 	struct buf b;
 	int bad = 0;
 
-	bad |= xla_alloc(&b, 8 * MIB) != CUDA_SUCCESS || xla_free(&b) != CUDA_SUCCESS;
+	bad |= xla_alloc(&b, 8 * MIB) != CUDA_SUCCESS || shims_vmm_free(&b) != CUDA_SUCCESS;
 	bad |= fakecuda_mem_used(0) != used;
 	printf("threshold: %s\n", bad ? "FAILED" : "ok");
 	return bad;
@@ -595,11 +557,11 @@ static int mode_stream(void)
 
 	bad |= cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
 	fakecuda_set_event_delay(1000000);
-	bad |= xla_alloc(&a, 10 * MIB) != CUDA_SUCCESS || xla_free(&a) != CUDA_SUCCESS;
+	bad |= xla_alloc(&a, 10 * MIB) != CUDA_SUCCESS || shims_vmm_free(&a) != CUDA_SUCCESS;
 	fakecuda_reset_counters();
 	bad |= xla_alloc(&b, 10 * MIB) != CUDA_SUCCESS;
 	bad |= b.va != a.va || vmm_calls() != 0;
-	bad |= xla_free(&b) != CUDA_SUCCESS;
+	bad |= shims_vmm_free(&b) != CUDA_SUCCESS;
 	fakecuda_set_event_delay(0);
 	fakecuda_complete_all();
 	printf("stream: %s\n", bad ? "FAILED" : "ok");
