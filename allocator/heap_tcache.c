@@ -91,6 +91,7 @@ struct tcache {
 	struct emm_block *pend;
 	unsigned npend;
 	size_t pend_max; /* the largest pending block */
+	unsigned skip;   /* synchronous frees to let pass: its epochs do not come back at once */
 	struct tc_delta d;
 };
 
@@ -476,6 +477,11 @@ static void close_pending(struct tcache *tc)
 	for (b = list; b; b = b->link)
 		untc(b);
 	emm_heap_close_blocks(h, list, &ready);
+	/* Not the fast path (a non-blocking stream is alive, a capture): the
+	 * blocks wait in the arena as before and the cache only costs; let
+	 * the next few epochs go the shared way. */
+	if (!ready)
+		tc->skip = 4 * h->p.epoch_max_blocks;
 	for (b = ready; b; b = next) {
 		next = b->link;
 		if (!bin_put(tc, b)) {
@@ -513,6 +519,9 @@ bool emm_tcache_free(struct emm_block *b)
 	if (!fenced) {
 		if (!bin_put(tc, b))
 			return false;
+	} else if (tc->skip) {
+		tc->skip--;
+		return false;
 	} else {
 		atomic_store_explicit(&b->tcached, TC_PENDING, memory_order_relaxed);
 		b->link = tc->pend;
