@@ -102,13 +102,24 @@ bool vmm_prop_equal(const CUmemAllocationProp *a, const CUmemAllocationProp *b)
 	       memcmp(&a->allocFlags, &b->allocFlags, sizeof(a->allocFlags)) == 0;
 }
 
-static bool access_equal(const struct vbuf *v, const CUmemAccessDesc *desc, size_t count)
+static bool access_known(const struct vbuf *v, const CUmemAccessDesc *d)
 {
-	if (!desc || count != v->naccess)
+	for (unsigned i = 0; i < v->naccess; i++)
+		if (d->location.type == v->access[i].location.type && d->location.id == v->access[i].location.id &&
+		    d->flags == v->access[i].flags)
+			return true;
+	return false;
+}
+
+/* Every descriptor of the call is one the buffer's mapping already has
+ * (the program's whole-buffer cuMemSetAccess calls, accumulated: XLA on
+ * two GPUs grants each device in a call of its own). */
+static bool access_subset(const struct vbuf *v, const CUmemAccessDesc *desc, size_t count)
+{
+	if (!desc || !count)
 		return false;
 	for (size_t i = 0; i < count; i++)
-		if (desc[i].location.type != v->access[i].location.type ||
-		    desc[i].location.id != v->access[i].location.id || desc[i].flags != v->access[i].flags)
+		if (!access_known(v, &desc[i]))
 			return false;
 	return true;
 }
@@ -331,7 +342,7 @@ int emm_vmm_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc,
 	vmm_wait_unbusy(va, size, false, 0);
 	v = vmm_va_find(va);
 	if (v && v->owner == vmm_thread_id() && v->list == VB_PENDING &&
-	    v->l == (L_RESERVED | L_CREATED | L_MAPPED) && v->size == size && access_equal(v, desc, count)) {
+	    v->l == (L_RESERVED | L_CREATED | L_MAPPED) && v->size == size && access_subset(v, desc, count)) {
 		v->l = L_ALL;
 		vmm_list_del_locked(v); /* live again */
 		served = true;
@@ -353,15 +364,21 @@ void emm_vmm_set_access_done(CUdeviceptr va, size_t size, const CUmemAccessDesc 
 		return;
 	st_lock(&vmm_lock);
 	while ((v = vmm_va_next_overlap(va, size, &pos)) != NULL) {
-		/* The program's first access of the whole buffer is what a
-		 * reuse must repeat; anything else (a second call, a part of
-		 * it, more descriptors than kept) keeps it out of the cache. */
-		if (v->va == va && v->size == size && !v->access_set && count && count <= VMM_MAX_ACCESS) {
-			memcpy(v->access, desc, count * sizeof(*desc));
-			v->naccess = (unsigned)count;
-		} else {
-			v->nocache = true;
+		/* The accesses the program gives the whole buffer, accumulated
+		 * over its calls, are what a reuse keeps mapped; a call for a
+		 * part of it, or more distinct descriptors than kept, keeps it
+		 * out of the cache. */
+		bool whole = v->va == va && v->size == size && count;
+		for (size_t i = 0; whole && i < count; i++) {
+			if (access_known(v, &desc[i]))
+				continue;
+			if (v->naccess == VMM_MAX_ACCESS)
+				whole = false;
+			else
+				v->access[v->naccess++] = desc[i];
 		}
+		if (!whole)
+			v->nocache = true;
 		if (v->va == va && v->size == size && (v->l & L_MAPPED)) {
 			v->access_set = true;
 			v->l |= L_ACCESS;

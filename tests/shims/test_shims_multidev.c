@@ -602,6 +602,42 @@ static CUresult vmm_alloc(struct buf *b, int dev, size_t size)
 	return shims_vmm_alloc(b, size, &p, d, NDEV);
 }
 
+/* XLA on two GPUs: one cuMemSetAccess call per device (the owner first,
+ * then the peer). The accesses accumulate: the buffer is cached, the
+ * owner's call of a reuse is served from the cache, the peer's goes to
+ * the driver (the mapping has it already). Failed before: the second call
+ * kept every buffer out of the cache (py-jax-vmm on two H200: 1 of 7617). */
+TEST_BEGIN(test_vmm_access_per_device_calls)
+{
+	const size_t size = 2 * MIB;
+	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAccessDesc d0 = shims_vmm_access(0), d1 = shims_vmm_access(1);
+	struct buf b;
+	CUdeviceptr first = 0;
+
+	use(0);
+	(void)shims_release_idle(-1, 0);
+	for (int round = 0; round < 3; round++) {
+		if (round == 1)
+			fakecuda_reset_counters();
+		assert_int_eq(shims_vmm_alloc(&b, size, &p, &d0, 1), CUDA_SUCCESS);
+		assert_int_eq(cuMemSetAccess(b.va, size, &d1, 1), CUDA_SUCCESS);
+		if (round == 0)
+			first = b.va;
+		else
+			expect_u64_eq(b.va, first);
+		memset((void *)(uintptr_t)b.va, round + 1, size);
+		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+	}
+	/* Rounds 1 and 2 from the cache: no create or map; only the peer's
+	 * access call reached the driver. */
+	expect_u64_eq(fakecuda_calls("cuMemCreate"), 0);
+	expect_u64_eq(fakecuda_calls("cuMemMap"), 0);
+	expect_u64_eq(fakecuda_calls("cuMemSetAccess"), 2);
+	(void)shims_release_idle(-1, 0);
+}
+TEST_END
+
 static int handle_device(CUmemGenericAllocationHandle h)
 {
 	CUmemAllocationProp p;
@@ -925,6 +961,6 @@ int main(int argc, char **argv)
 	                    test_pointer_queries_name_owner, test_meminfo_per_device,
 	                    test_context_destroy_leaves_other_device,
 	                    test_context_destroy_frees_foreign_stream_blocks, test_peer_codes_match_driver,
-	                    test_peer_copies_of_pool_blocks, test_vmm_per_device,
+	                    test_peer_copies_of_pool_blocks, test_vmm_per_device, test_vmm_access_per_device_calls,
 	                    test_threads_per_device_with_cross_frees, test_stats_exit_lists_both_devices, NULL);
 }
