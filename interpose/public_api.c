@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * interpose/public_api.c - the exported query API of include/emm/emm.h
- * (emm_version_string, emm_stats_get, emm_release_idle): argument checks
- * and the calls into the process layer.
+ * interpose/public_api.c - the exported API of include/emm/emm.h: the
+ * queries (emm_version_string, emm_stats_get, emm_release_idle) and the
+ * allocation door for frameworks that dlopen libemm (emm_device_alloc,
+ * emm_alloc, emm_host_alloc, emm_mem_info, ...): argument checks and the
+ * calls into the process layer (process/api.c).
  *
- * None of these initialise libemm: before the first CUDA call there is
+ * The queries do not initialise libemm: before the first CUDA call there is
  * nothing to report, and a statistics query must not load a backend.
  */
+#include <cuda.h>
+#include <dlfcn.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #include "common/compiler.h"
@@ -36,4 +41,69 @@ EMM_EXPORT long long emm_release_idle(int device, size_t keep_bytes)
 	int r = emm_state_release_idle(device, keep_bytes, &released);
 
 	return r < 0 ? r : released;
+}
+
+/* --- the allocation door ------------------------------------------------ */
+
+/* Do libemm's shims see the process's CUDA calls (it is preloaded, or
+ * otherwise first in the global scope)? Then captures are tracked. Asked
+ * once: the global scope's first cuMemAlloc_v2 does not change. */
+static bool shims_hooked(void)
+{
+	static atomic_int hooked = -1;
+	int h = atomic_load_explicit(&hooked, memory_order_relaxed);
+
+	if (EMM_UNLIKELY(h < 0)) {
+		h = emm_real_dlsym(RTLD_DEFAULT, "cuMemAlloc_v2") == (void *)&cuMemAlloc_v2;
+		atomic_store_explicit(&hooked, h, memory_order_relaxed);
+	}
+	return h;
+}
+
+static bool has_stream(struct CUstream_st *stream)
+{
+	return stream != EMM_STREAM_NONE;
+}
+
+static CUstream cu_stream(struct CUstream_st *stream)
+{
+	return has_stream(stream) ? (CUstream)stream : NULL;
+}
+
+EMM_EXPORT int emm_device_alloc(size_t size, int device, struct CUstream_st *stream, void **ret_ptr)
+{
+	return emm_api_device_alloc(size, device, cu_stream(stream), has_stream(stream), shims_hooked(), ret_ptr);
+}
+
+EMM_EXPORT int emm_device_free(void *ptr, int device, struct CUstream_st *stream)
+{
+	return emm_api_device_free(ptr, device, cu_stream(stream), has_stream(stream), shims_hooked());
+}
+
+EMM_EXPORT void *emm_alloc(size_t size, int device, struct CUstream_st *stream)
+{
+	void *p = NULL;
+
+	return emm_device_alloc(size, device, stream, &p) == 0 ? p : NULL;
+}
+
+EMM_EXPORT void emm_free(void *ptr, size_t size, int device, struct CUstream_st *stream)
+{
+	(void)size;
+	(void)emm_device_free(ptr, device, stream);
+}
+
+EMM_EXPORT int emm_host_alloc(size_t size, unsigned int flags, void **ret_ptr)
+{
+	return emm_api_host_alloc(size, flags, ret_ptr);
+}
+
+EMM_EXPORT int emm_host_free(void *ptr)
+{
+	return emm_api_host_free(ptr);
+}
+
+EMM_EXPORT int emm_mem_info(int device, size_t *ret_free, size_t *ret_total)
+{
+	return emm_api_mem_info(device, ret_free, ret_total);
 }
