@@ -698,3 +698,24 @@ const char *emm_option_name(enum emm_option_id id)
 {
 	return (size_t)id < EMM_ARRAY_SIZE(rows) ? rows[id].name : NULL;
 }
+
+size_t emm_options_write_lines(const struct emm_options *opts, const enum emm_option_source *sources, char *buf,
+			       size_t size)
+{
+	size_t len = 0;
+
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(rows); i++) {
+		const char *src = !sources || sources[i] == EMM_OPTION_DEFAULT ? "default"
+				  : sources[i] == EMM_OPTION_ENV	       ? "env"
+									       : "invalid";
+		char value[300];
+		int n;
+
+		format_value(&rows[i], opts, value, sizeof(value));
+		n = snprintf(len < size ? buf + len : NULL, len < size ? size - len : 0, "EMM_%s=%s\t%s\n",
+			     rows[i].name, value, src);
+		if (n > 0)
+			len += (size_t)n;
+	}
+	return len;
+}

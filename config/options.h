@@ -136,4 +136,11 @@ void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum e
  * is out of range. */
 const char *emm_option_name(enum emm_option_id id);
 
+/* Write "EMM_NAME=value<TAB>source\n" for every option (source: default,
+ * env or invalid; sources may be NULL) into buf as snprintf does: at most
+ * size bytes, NUL-terminated when size > 0. Returns the length of the whole
+ * text (without the NUL). No allocation. */
+size_t emm_options_write_lines(const struct emm_options *opts, const enum emm_option_source *sources, char *buf,
+			       size_t size);
+
 #endif

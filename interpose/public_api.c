@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "common/compiler.h"
+#include "config/options.h"
 #include "emm/emm.h"
 #include "emm/emm_version.h"
 #include "process/process.h"
@@ -25,6 +26,11 @@
 EMM_EXPORT const char *emm_version_string(void)
 {
 	return EMM_VERSION_STRING;
+}
+
+EMM_EXPORT size_t emm_settings(char *buf, size_t size)
+{
+	return emm_options_write_lines(emm_options_get(), emm_options_sources(), buf, size);
 }
 
 EMM_EXPORT int emm_stats_get(int device, struct emm_stats *out)
@@ -38,7 +44,7 @@ EMM_EXPORT int emm_stats_get(int device, struct emm_stats *out)
 EMM_EXPORT long long emm_release_idle(int device, size_t keep_bytes)
 {
 	long long released = 0;
-	int r = emm_state_release_idle(device, keep_bytes, &released);
+	int r = emm_api_release_idle(device, keep_bytes, &released);
 
 	return r < 0 ? r : released;
 }

@@ -298,3 +298,18 @@ int emm_api_mem_info(int device, size_t *ret_free, size_t *ret_total)
 	}
 	return r;
 }
+
+int emm_api_release_idle(int device, size_t keep_bytes, long long *ret_released)
+{
+	bool pushed = false;
+	int r;
+
+	/* A thread with no current context (a framework's worker, Python
+	 * without the preload) releases through a context of the device: the
+	 * epoch fences closed on the way are recorded in it. */
+	if (st_real_table()->cuCtxGetDevice && device >= -1 && enter_device(device, &pushed) < 0)
+		pushed = false;
+	r = emm_state_release_idle(device, keep_bytes, ret_released);
+	leave_device(pushed);
+	return r;
+}

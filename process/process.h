@@ -557,5 +557,8 @@ int emm_api_device_free(void *ptr, int device, CUstream stream, bool has_stream,
 int emm_api_host_alloc(size_t size, unsigned int flags, void **ret_ptr);
 int emm_api_host_free(void *ptr);
 int emm_api_mem_info(int device, size_t *ret_free, size_t *ret_total);
+/* emm_release_idle, in a context of `device` (its primary one when the
+ * thread has none current). */
+int emm_api_release_idle(int device, size_t keep_bytes, long long *ret_released);
 
 #endif

@@ -167,6 +167,16 @@ int emm_host_free(void *ptr);
  * -ENODEV, -EIO; outputs untouched on failure. */
 int emm_mem_info(int device, size_t *ret_free, size_t *ret_total);
 
+/*
+ * The settings libemm runs with (from the EMM_* environment at its first
+ * use), one "EMM_NAME=value<TAB>source\n" line per option, source being
+ * default, env or invalid (a bad value: the default is used). Written into
+ * buf as snprintf does (at most size bytes, NUL-terminated when size > 0);
+ * returns the length of the whole text, so a caller can size its buffer
+ * with emm_settings(NULL, 0).
+ */
+size_t emm_settings(char *buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif
