@@ -35,7 +35,9 @@ _CU_MEMHOSTALLOC_DEVICEMAP = 0x02
 _CU_MEMHOSTALLOC_WRITECOMBINED = 0x04
 _CUDA_ERROR_OUT_OF_MEMORY = 2
 
-_use_nv_binding = bool(getattr(_driver, "USE_NV_BINDING", False))
+# NVIDIA's cuda-python binding: always in numba-cuda (no USE_NV_BINDING any
+# more), optional in older Numba (ctypes pointers otherwise).
+_use_nv_binding = bool(getattr(_driver, "USE_NV_BINDING", True)) and hasattr(_driver, "binding")
 
 
 def _device_pointer(ptr):
