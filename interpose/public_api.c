@@ -60,7 +60,12 @@ static bool shims_hooked(void)
 	int h = atomic_load_explicit(&hooked, memory_order_relaxed);
 
 	if (EMM_UNLIKELY(h < 0)) {
-		h = emm_real_dlsym(RTLD_DEFAULT, "cuMemAlloc_v2") == (void *)&cuMemAlloc_v2;
+		/* The program's handle searches the global scope only (RTLD_DEFAULT
+		 * from inside libemm would also search libemm's own local scope,
+		 * and find our export when libemm was merely dlopen'ed). */
+		void *global = dlopen(NULL, RTLD_NOW);
+
+		h = global && emm_real_dlsym(global, "cuMemAlloc_v2") == (void *)&cuMemAlloc_v2;
 		atomic_store_explicit(&hooked, h, memory_order_relaxed);
 	}
 	return h;

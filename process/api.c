@@ -13,6 +13,17 @@
  * same heaps, so a preloaded libemm and this door share one heap and one set
  * of statistics.
  *
+ * A call without a stream is a cuMemAlloc / cuMemFree: its frees are fenced
+ * in epochs, whose markers order the legacy and blocking streams and every
+ * non-blocking stream libemm knows of. Preloaded, libemm knows them all.
+ * Without the preload it knows none of the program's, so a non-blocking
+ * stream that allocates through this door is looked up once (its flags)
+ * and announced as if it had just been created (PyTorch's streams, which
+ * live as long as the process): blocks freed without a stream are then
+ * fenced for it too. Such a stream must outlive libemm's use of it;
+ * streams that come and go should allocate without a stream (emm.cupy and
+ * emm.numba do).
+ *
  * What the heap does not serve goes to the driver, as with the shims: libemm
  * off (EMM_DISABLE), an allocation on a capturing stream (a graph memory node,
  * cuMemAllocAsync), a pointer libemm did not hand out. Without the preload no
@@ -21,6 +32,7 @@
  * it whenever it runs) rather than reused too early.
  */
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -136,9 +148,88 @@ static int driver_alloc(size_t size, CUstream stream, bool has_stream, enum emm_
 	return e;
 }
 
+/* --- streams met without the preload -------------------------------------- */
+
+#define SEEN_SLOTS 1024u /* a power of two; PyTorch keeps ~100 streams a device */
+
+/* Non-blocking stream handles announced (0: empty). Fixed, lock-free,
+ * emptied in a fork child (the registry is). */
+static _Atomic(uintptr_t) seen[SEEN_SLOTS];
+static pthread_once_t seen_once = PTHREAD_ONCE_INIT;
+
+static void seen_fork_child(void)
+{
+	for (unsigned i = 0; i < SEEN_SLOTS; i++)
+		atomic_store_explicit(&seen[i], 0, memory_order_relaxed);
+}
+
+static void seen_init(void)
+{
+	pthread_atfork(NULL, NULL, seen_fork_child);
+}
+
+/* True if `h` is in the set. */
+static bool seen_has(uintptr_t h, unsigned *ret_slot)
+{
+	unsigned i = (unsigned)((h >> 4) * UINT64_C(0x9E3779B97F4A7C15) >> 54) & (SEEN_SLOTS - 1);
+
+	*ret_slot = i;
+	for (unsigned n = 0; n < 16; n++, i = (i + 1) & (SEEN_SLOTS - 1)) {
+		uintptr_t cur = atomic_load_explicit(&seen[i], memory_order_acquire);
+
+		if (cur == h)
+			return true;
+		if (cur == 0)
+			return false;
+	}
+	return false;
+}
+
+/* Add `h` (full around its slot: not cached, looked up again next time). */
+static void seen_add(uintptr_t h, unsigned i)
+{
+	for (unsigned n = 0; n < 16; n++, i = (i + 1) & (SEEN_SLOTS - 1)) {
+		uintptr_t expected = 0;
+
+		if (atomic_compare_exchange_strong(&seen[i], &expected, h) || expected == h)
+			return;
+	}
+}
+
+/*
+ * A stream this door allocates for, unknown to libemm without the preload:
+ * announce it if it is non-blocking (see the top of this file). Only the
+ * non-blocking ones are remembered: a blocking stream's handle may be
+ * reused by a non-blocking stream after a destroy libemm does not see, so
+ * it is asked again each time (one cuStreamGetFlags).
+ */
+static void learn_stream(CUstream stream)
+{
+	const struct emm_real_driver_table *real = st_real_table();
+	unsigned int flags = 0;
+	unsigned slot;
+
+	if (!EMM_STREAM_IS_HANDLE(emm_state_stream_key(stream, false)))
+		return;
+	pthread_once(&seen_once, seen_init);
+	if (seen_has((uintptr_t)stream, &slot))
+		return;
+	if (real->cuStreamGetFlags && real->cuStreamGetFlags(stream, &flags) == CUDA_SUCCESS &&
+	    (flags & CU_STREAM_NON_BLOCKING)) {
+		emm_state_stream_created(stream, true);
+		seen_add((uintptr_t)stream, slot);
+	}
+}
+
+/* The allocator's key for a call's stream. */
+static emm_stream_t api_key(CUstream stream, bool has_stream)
+{
+	return has_stream ? emm_state_stream_key(stream, false) : EMM_STREAM_SYNC;
+}
+
 int emm_api_device_alloc(size_t size, int device, CUstream stream, bool has_stream, bool hooked, void **ret_ptr)
 {
-	emm_stream_t key = has_stream ? emm_state_stream_key(stream, false) : EMM_STREAM_SYNC;
+	emm_stream_t key = api_key(stream, has_stream);
 	emm_addr_t addr;
 	bool pushed;
 	int r;
@@ -153,6 +244,8 @@ int emm_api_device_alloc(size_t size, int device, CUstream stream, bool has_stre
 	if (has_stream && capturing(stream, hooked)) {
 		r = driver_alloc(size, stream, true, EMM_COUNT_CAPTURE_ALLOC, ret_ptr);
 	} else {
+		if (has_stream && !hooked && st_is_enabled())
+			learn_stream(stream);
 		r = emm_state_enabled() ? emm_serve_device_alloc(size, key, stream, true, &addr) : -ENOSYS;
 		if (r == 0)
 			*ret_ptr = (void *)(uintptr_t)addr;
@@ -182,7 +275,7 @@ int emm_api_device_free(void *ptr, int device, CUstream stream, bool has_stream,
 {
 	emm_addr_t addr = (emm_addr_t)(uintptr_t)ptr;
 	struct emm_block_range range;
-	emm_stream_t key = has_stream ? emm_state_stream_key(stream, false) : EMM_STREAM_SYNC;
+	emm_stream_t key = api_key(stream, has_stream);
 	bool pushed;
 	int r;
 

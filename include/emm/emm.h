@@ -126,10 +126,14 @@ long long emm_release_idle(int device, size_t keep_bytes);
  * `stream` is a CUstream or cudaStream_t (NULL: the legacy default stream).
  * A block freed on a stream is reusable at once on that stream and on
  * another only behind an event recorded on it, as with cuMemFreeAsync;
- * EMM_STREAM_NONE frees like cuMemFree (fenced against all earlier work,
- * without waiting for the device). An allocation on a capturing stream is
- * the driver's (a graph memory node, cuMemAllocAsync). Pointers libemm did
- * not hand out, and everything under EMM_DISABLE=1, go to the driver.
+ * EMM_STREAM_NONE frees like cuMemFree: fenced, without waiting for the
+ * device, against earlier work on the legacy and blocking streams and on
+ * every non-blocking stream libemm knows. Preloaded, it knows them all;
+ * loaded alone it knows the non-blocking streams passed to emm_device_alloc
+ * or emm_alloc (each looked up once, so such a stream must outlive libemm's
+ * use of it, as PyTorch's do). An allocation on a capturing stream is the
+ * driver's (a graph memory node, cuMemAllocAsync). Pointers libemm did not
+ * hand out, and everything under EMM_DISABLE=1, go to the driver.
  */
 struct CUstream_st;
 

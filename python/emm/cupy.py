@@ -4,15 +4,16 @@
     import emm.cupy
     emm.cupy.use()          # cupy.cuda.set_allocator + set_pinned_memory_allocator
 
-Device memory is allocated for CuPy's current stream (the stream the array's
-first kernels run on) from libemm's heap of the current device; it is freed
-without a stream, fenced like cuMemFree: libemm reuses the block only after
-the work enqueued before the free, on the legacy stream and on CuPy's
-blocking streams, is done, and never waits for the device to know it. (CuPy's
-own pool instead trusts that a block is used only on the stream it was
-allocated on.) Without the preload libemm does not see streams created with
-non_blocking=True: synchronise such a stream before dropping arrays it used,
-or preload libemm as well.
+Device memory comes from libemm's heap of the current device, allocated and
+freed without a stream (cuMemAlloc / cuMemFree semantics): libemm reuses a
+freed block only behind the work enqueued before the free on the legacy
+stream, on CuPy's blocking streams (CuPy's default) and on every non-blocking
+stream it knows, and never waits for the device to know it. (CuPy's own pool
+instead trusts that a block is used only on the stream it was allocated on.)
+CuPy's streams are not handed to libemm because they come and go: without
+the preload libemm then does not know the ones created with
+non_blocking=True, so synchronise such a stream before dropping arrays it
+used, or preload libemm as well.
 
 Pinned host memory (cupy.cuda.alloc_pinned_memory, used by asynchronous
 copies) comes from libemm's pinned caches, freed the same way.
@@ -60,9 +61,8 @@ def malloc(size):
     device = cupy.cuda.runtime.getDevice()
     if size == 0:
         return cupy.cuda.MemoryPointer(cupy.cuda.memory.Memory(0), 0)
-    stream = cupy.cuda.get_current_stream().ptr
     try:
-        ptr = emm.device_alloc(size, device, stream)
+        ptr = emm.device_alloc(size, device, emm.STREAM_NONE)
     except emm.OutOfMemoryError:
         raise cupy.cuda.memory.OutOfMemoryError(size, 0, 0) from None
     block = _DeviceBlock(ptr, device)

@@ -19,9 +19,11 @@ before the free is done), so device and pinned frees happen at once, in the
 finalizer; defer_cleanup therefore only holds back the queue that mempin's
 unregistrations use (inherited from HostOnlyCUDAMemoryManager).
 
-Numba streams are blocking (cuda.stream()), which the fence covers. Without
-the preload libemm does not see streams created with CU_STREAM_NON_BLOCKING
-(external streams): synchronise such a stream before freeing memory it used.
+Numba's streams are blocking (cuda.stream()), which the fence covers, as it
+covers every non-blocking stream libemm knows (all of them under the preload;
+without it, those that allocated through libemm's door, such as PyTorch's).
+Synchronise any other non-blocking stream (an external stream) before
+freeing memory it used.
 """
 import ctypes
 

@@ -139,7 +139,8 @@ TEST_BEGIN(test_stream_and_none)
 	CUstream s;
 	void *a = NULL, *b = NULL;
 
-	assert_int_eq(cu.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	/* blocking: it may be destroyed behind libemm's back (not learned) */
+	assert_int_eq(cu.stream_create(&s, CU_STREAM_DEFAULT), CUDA_SUCCESS);
 	assert_int_eq(api.device_alloc(4096, 0, (struct CUstream_st *)s, &a), 0);
 	expect_int_eq(api.device_free(a, 0, (struct CUstream_st *)s), 0);
 	assert_int_eq(api.device_alloc(4096, 0, (struct CUstream_st *)s, &b), 0);
@@ -172,6 +173,69 @@ TEST_BEGIN(test_errors)
 	expect_int_eq(api.device_free(c, 0, NULL), 0);
 	expect_int_eq(api.device_free(c, 0, NULL), -EINVAL); /* double */
 	expect_true(stats().bad_frees >= 2);
+}
+TEST_END
+
+/* Markers an epoch close records (EMM_EPOCH_BLOCKS=1: each free without a
+ * stream closes one). */
+static uint64_t epoch_markers(void)
+{
+	struct emm_stats s0 = stats();
+	void *p = NULL;
+
+	if (api.device_alloc(512, 0, EMM_STREAM_NONE, &p) != 0 || api.device_free(p, 0, EMM_STREAM_NONE) != 0)
+		return 0;
+	return stats().events_recorded - s0.events_recorded;
+}
+
+/* A non-blocking stream that allocates through the door is fenced by the
+ * epochs from then on: without the preload libemm learns it at its first
+ * allocation (with the preload, at its creation). */
+TEST_BEGIN(test_nonblocking_stream_fenced)
+{
+	CUstream s;
+	void *p = NULL;
+	uint64_t before = epoch_markers();
+
+	expect_u64_eq(before, 1); /* the legacy stream only */
+	assert_int_eq(cu.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(api.device_alloc(4096, 0, (struct CUstream_st *)s, &p), 0);
+	expect_int_eq(api.device_free(p, 0, (struct CUstream_st *)s), 0);
+	expect_u64_eq(epoch_markers(), 2); /* and one on the new stream */
+	/* The stream is left alive, as PyTorch's are. */
+}
+TEST_END
+
+/* An allocation on a capturing stream is the driver's (a graph memory node),
+ * with or without the preload (then libemm asks the driver); a pool block
+ * freed on a capturing stream is kept, not reused while the graph lives. */
+TEST_BEGIN(test_capture)
+{
+	__typeof__(&cuStreamBeginCapture_v2) begin = SYM(libcuda, cuStreamBeginCapture_v2);
+	__typeof__(&cuStreamEndCapture) end = SYM(libcuda, cuStreamEndCapture);
+	__typeof__(&cuGraphDestroy) destroy = SYM(libcuda, cuGraphDestroy);
+	struct emm_stats s0, s1;
+	void *p = NULL, *q = NULL, *r = NULL;
+	CUstream s;
+	CUgraph g = NULL;
+
+	assert_int_eq(cu.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(api.device_alloc(4096, 0, (struct CUstream_st *)s, &q), 0); /* a pool block */
+	assert_int_eq(begin(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+	s0 = stats();
+	assert_int_eq(api.device_alloc(4096, 0, (struct CUstream_st *)s, &p), 0);
+	s1 = stats();
+	expect_u64_eq(s1.allocs, s0.allocs); /* not the pool's */
+	expect_int_eq(api.device_free(p, 0, (struct CUstream_st *)s), 0);
+	expect_int_eq(api.device_free(q, 0, (struct CUstream_st *)s), 0); /* kept */
+	assert_int_eq(end(s, &g), CUDA_SUCCESS);
+	expect_int_eq(destroy(g), CUDA_SUCCESS);
+	/* q is not handed out again (without the preload: ever; with it, the
+	 * quarantine may release it once the graph is gone) */
+	assert_int_eq(api.device_alloc(4096, 0, (struct CUstream_st *)s, &r), 0);
+	if (!preloaded())
+		expect_true(r != q);
+	expect_int_eq(api.device_free(r, 0, (struct CUstream_st *)s), 0);
 }
 TEST_END
 
@@ -300,5 +364,6 @@ int main(int argc, char **argv)
 		return emm_test_run(test_no_driver, NULL);
 	driver_setup();
 	return emm_test_run(test_alloc_free_reuse, test_stream_and_none, test_errors, test_foreign_and_one_heap,
-	                    test_host, test_mem_info, test_no_current_context, NULL);
+	                    test_host, test_mem_info, test_no_current_context, test_nonblocking_stream_fenced,
+	                    test_capture, NULL);
 }
