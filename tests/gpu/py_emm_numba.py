@@ -52,7 +52,9 @@ def test_device_arrays():
     b = case.snap()
     case.served("numba device_array / to_device", a, b, 60)
     case.freed("numba finalizers (no deferral)", a, b, 60)
-    case.check(b[DEVICE]["hits"] - a[DEVICE]["hits"] >= 50, "blocks reused at once")
+    hits = b[DEVICE]["hits"] - a[DEVICE]["hits"]
+    print("hits +%d of 60 (frees without a stream are reusable once their epoch closes)" % hits, flush=True)
+    case.check(hits >= 20, "freed blocks were not reused: hits +%d of 60" % hits)
 
 
 def test_streams():

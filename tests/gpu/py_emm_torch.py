@@ -28,8 +28,10 @@ def child(variant):
         import emm.torch
         emm.torch.use()
     torch.manual_seed(7)
-    torch.use_deterministic_algorithms(True)
+    torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cuda.enable_flash_sdp(False)  # the math attention: deterministic
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
     dev = torch.device("cuda:0")
     d = 256
     layer = torch.nn.TransformerEncoderLayer(d, 8, 4 * d, dropout=0.0, batch_first=True)
@@ -58,6 +60,16 @@ def child(variant):
     torch.cuda.synchronize()
     print("LOSSES " + json.dumps(losses), flush=True)
     if variant == "emm":
+        # What the pluggable interface carries in this PyTorch (printed for the README).
+        for what, fn in (("memory_allocated", lambda: torch.cuda.memory_allocated()),
+                         ("memory_stats", lambda: torch.cuda.memory_stats()),
+                         ("empty_cache", lambda: torch.cuda.empty_cache()),
+                         ("record_stream", lambda: torch.ones(4, device=dev).record_stream(side))):
+            try:
+                fn()
+                print("PLUGGABLE %s: works" % what, file=sys.stderr)
+            except Exception as e:  # noqa: BLE001 - reported, not a failure
+                print("PLUGGABLE %s: %s" % (what, str(e).splitlines()[0][:120]), file=sys.stderr)
         s = emm.stats(0)
         print("STATS " + json.dumps({k: s[k] for k in ("allocs", "frees", "hits", "passthrough_allocs",
                                                         "events_recorded", "epochs_closed")}), flush=True)
@@ -83,6 +95,8 @@ def main():
                 p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", variant],
                                    capture_output=True, text=True, timeout=600)
                 sys.stderr.write(p.stderr[-3000:])
+                if variant == "emm" and r == 0:
+                    print("\n".join(l for l in p.stderr.splitlines() if l.startswith("PLUGGABLE")), flush=True)
                 if not case.check(p.returncode == 0, "%s run %d exited %d" % (variant, r, p.returncode)):
                     continue
                 out = {l.split(" ", 1)[0]: json.loads(l.split(" ", 1)[1]) for l in p.stdout.splitlines()
