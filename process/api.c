@@ -46,6 +46,8 @@
  * heaps in them live until exit, as the frameworks' own do). */
 static _Atomic(CUcontext) primary_ctx[API_MAX_DEVICES];
 static atomic_uint_fast64_t kept_on_capture;
+static pthread_once_t fork_once = PTHREAD_ONCE_INIT;
+static void api_fork_init(void);
 
 static int cu_errno(CUresult r)
 {
@@ -75,6 +77,7 @@ static CUcontext retain_primary(int device)
 
 	if (ctx)
 		return ctx;
+	pthread_once(&fork_once, api_fork_init);
 	if (!x->cuDevicePrimaryCtxRetain || !real->cuInit || real->cuInit(0) != CUDA_SUCCESS)
 		return NULL;
 	if (x->cuDevicePrimaryCtxRetain(&ctx, (CUdevice)device) != CUDA_SUCCESS || !ctx)
@@ -155,17 +158,20 @@ static int driver_alloc(size_t size, CUstream stream, bool has_stream, enum emm_
 /* Non-blocking stream handles announced (0: empty). Fixed, lock-free,
  * emptied in a fork child (the registry is). */
 static _Atomic(uintptr_t) seen[SEEN_SLOTS];
-static pthread_once_t seen_once = PTHREAD_ONCE_INIT;
 
-static void seen_fork_child(void)
+/* A fork child starts with libemm's state empty: no stream announced, no
+ * primary context retained by this door. */
+static void api_fork_child(void)
 {
 	for (unsigned i = 0; i < SEEN_SLOTS; i++)
 		atomic_store_explicit(&seen[i], 0, memory_order_relaxed);
+	for (unsigned i = 0; i < API_MAX_DEVICES; i++)
+		atomic_store_explicit(&primary_ctx[i], NULL, memory_order_relaxed);
 }
 
-static void seen_init(void)
+static void api_fork_init(void)
 {
-	pthread_atfork(NULL, NULL, seen_fork_child);
+	pthread_atfork(NULL, NULL, api_fork_child);
 }
 
 /* True if `h` is in the set. */
@@ -211,7 +217,7 @@ static void learn_stream(CUstream stream)
 
 	if (!EMM_STREAM_IS_HANDLE(emm_state_stream_key(stream, false)))
 		return;
-	pthread_once(&seen_once, seen_init);
+	pthread_once(&fork_once, api_fork_init);
 	if (seen_has((uintptr_t)stream, &slot))
 		return;
 	if (real->cuStreamGetFlags && real->cuStreamGetFlags(stream, &flags) == CUDA_SUCCESS &&
