@@ -33,3 +33,40 @@ void emm_heap_params_from_options(const struct emm_options *o, struct emm_heap_p
 	p->pending_limit = o->pending_limit;
 	p->arenas = o->arenas;
 }
+
+/* Half the device, in whole 512-byte granules (at least one). */
+static size_t half_device(size_t total)
+{
+	size_t half = total / 2 / EMM_MIN_BLOCK * EMM_MIN_BLOCK;
+
+	return half ? half : EMM_MIN_BLOCK;
+}
+
+unsigned emm_heap_params_fit(struct emm_heap_params *p, size_t total)
+{
+	unsigned changed = 0;
+
+	if (total == 0)
+		return 0;
+	if (p->small_segment > total) {
+		p->small_segment = half_device(total);
+		changed |= EMM_FIT_SMALL_SEGMENT;
+	}
+	if (p->large_segment > total) {
+		p->large_segment = half_device(total);
+		changed |= EMM_FIT_LARGE_SEGMENT;
+	}
+	if (p->large_round > total) {
+		p->large_round = half_device(total);
+		changed |= EMM_FIT_LARGE_ROUND;
+	}
+	if (p->small_max > p->small_segment) {
+		p->small_max = p->small_segment;
+		changed |= EMM_FIT_SMALL_SIZE;
+	}
+	if (p->large_round > p->large_segment) {
+		p->large_round = p->large_segment;
+		changed |= EMM_FIT_LARGE_ROUND;
+	}
+	return changed;
+}

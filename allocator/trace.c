@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -23,7 +24,7 @@
 #define TRACE_BUFFER_SIZE (64u * 1024u)
 #define TRACE_LINE_MAX    160u /* longest line is about 120 bytes */
 
-static const char trace_header[] = "Thread,Time,Action,Pointer,Size,Stream\n";
+static const char trace_header[] = "Thread,Time,Action,Pointer,Size,Stream,Memory\n";
 
 atomic_bool emm_trace_active;
 
@@ -77,9 +78,22 @@ int emm_trace_open(const char *path)
 		ret = -EBUSY;
 		goto out;
 	}
-	fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+	fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
 	if (fd < 0) {
 		ret = -errno;
+		goto out;
+	}
+	/* Another live process writing this file holds the lock: leave its
+	 * trace alone. The lock goes with the open file (a fork child that
+	 * goes on tracing into it shares it) and with the process. */
+	if (flock(fd, LOCK_EX | LOCK_NB) < 0) {
+		ret = errno == EWOULDBLOCK ? -EAGAIN : -errno;
+		close(fd);
+		goto out;
+	}
+	if (ftruncate(fd, 0) < 0) {
+		ret = -errno;
+		close(fd);
 		goto out;
 	}
 	trace_fd = fd;
@@ -133,6 +147,19 @@ static char *put_str(char *p, const char *s)
 	return p + n;
 }
 
+static const char *memory_name(enum emm_trace_memory memory)
+{
+	switch (memory) {
+	case EMM_TRACE_PINNED:
+		return "pinned";
+	case EMM_TRACE_MANAGED:
+		return "managed";
+	case EMM_TRACE_DEVICE:
+	default:
+		return "device";
+	}
+}
+
 static const char *action_name(enum emm_trace_action action)
 {
 	switch (action) {
@@ -147,6 +174,12 @@ static const char *action_name(enum emm_trace_action action)
 }
 
 void emm_trace_event(enum emm_trace_action action, uint64_t ptr, size_t size, uint64_t stream)
+{
+	emm_trace_event_memory(action, ptr, size, stream, EMM_TRACE_DEVICE);
+}
+
+void emm_trace_event_memory(enum emm_trace_action action, uint64_t ptr, size_t size, uint64_t stream,
+                            enum emm_trace_memory memory)
 {
 	char line[TRACE_LINE_MAX];
 	char *p = line;
@@ -175,6 +208,8 @@ void emm_trace_event(enum emm_trace_action action, uint64_t ptr, size_t size, ui
 	p = put_dec(p, size);
 	*p++ = ',';
 	p = put_hex(p, stream);
+	*p++ = ',';
+	p = put_str(p, memory_name(memory));
 	*p++ = '\n';
 	len = (size_t)(p - line);
 

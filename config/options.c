@@ -10,6 +10,7 @@
  * be asked for its settings from inside the program's first malloc.
  */
 #include "config/ascii.h"
+#include "config/text.h"
 #include "config/options.h"
 
 #include <errno.h>
@@ -34,6 +35,8 @@ enum opt_type {
 	OPT_SIZE,
 	OPT_ENUM,
 	OPT_STRING,
+	OPT_OUTPUT, /* EMM_STATS: on/off, table, json or a path */
+	OPT_SIGNAL, /* a signal name or number; 0 off */
 };
 
 /* Per-row constraints beyond the type. */
@@ -103,7 +106,16 @@ static const char *const vmm_names[] = {
 	/* 0 quiet, 1 settings at start-up, 2-3 debug lines. */                                      \
 	X(VERBOSE, verbose, UINT, U(0), "level", RANGE(0, 3),                                         \
 	  "0 quiet, 1 print version, backend and settings at start-up, 2-3 add debug output")       \
-	X(STATS, stats, BOOL, B(false), "", NOLIMIT, "Print per-device allocation statistics at exit") \
+	/* A path form is ignored under AT_SECURE (JSON goes to stderr then). */                     \
+	X(STATS, stats, OUTPUT, B(false), "", NOLIMIT,                                                \
+	  "Print per-device allocation statistics at exit: on (a table on stderr), json (JSON on "     \
+	  "stderr) or a file path (JSON into it; %p: the process id)")                                 \
+	X(STATS_SIGNAL, stats_signal, SIGNAL, U(0), "", NOLIMIT,                                      \
+	  "On this signal (e.g. SIGUSR2 or 12) dump the statistics as EMM_STATS says (a table if "      \
+	  "unset), flush the EMM_LOG trace and write the EMM_SNAPSHOT; off: no handler")               \
+	X(SNAPSHOT, snapshot_file, STRING, S(""), "path", FLAGS(F_SECURE),                            \
+	  "Write a memory snapshot in PyTorch's memory_viz format (pickle) to this path at exit "       \
+	  "and on EMM_STATS_SIGNAL; %p: the process id; ignored in setuid programs")                   \
 	/* A path: ignored under AT_SECURE so a setuid program cannot be made to   \
 	 * write files where its invoker chooses. */                                                  \
 	X(LOG, log_file, STRING, S(""), "path", FLAGS(F_SECURE),                                      \
@@ -160,7 +172,11 @@ static const char *const vmm_names[] = {
 	  "next matching allocation), count (passed through, counted), off (passed through)")         \
 	X(VMM_REAP_MS, vmm_reap_ms, UINT, U(5), "ms", RANGE(1, 60000),                                 \
 	  "How long a VMM unmap or release that may begin a whole-buffer free waits for the rest "     \
-	  "before it is made real")
+	  "before it is made real")                                                                   \
+	/* A directory: ignored under AT_SECURE like the other paths. */                              \
+	X(IPC_DIR, ipc_dir, STRING, S("/dev/shm"), "path", FLAGS(F_NONEMPTY | F_SECURE),              \
+	  "Directory of the per-user registry through which libemm processes open each other's IPC "   \
+	  "handles of sub-allocated blocks; ignored in setuid programs")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \
@@ -189,6 +205,8 @@ _Static_assert((int)OPT_ROW_INDEX__COUNT == (int)EMM_OPT__COUNT, "one row per en
 #define OPT_FIELD_IS_BOOL(f) _Generic((f), bool: 1, default: 0)
 #define OPT_FIELD_IS_UINT(f) _Generic((f), unsigned: 1, default: 0)
 #define OPT_FIELD_IS_SIZE(f) _Generic((f), size_t: 1, default: 0)
+#define OPT_FIELD_IS_OUTPUT(f) OPT_FIELD_IS_BOOL(f)
+#define OPT_FIELD_IS_SIGNAL(f) OPT_FIELD_IS_UINT(f)
 #define OPT_FIELD_IS_ENUM(f) (sizeof(f) == sizeof(unsigned))
 #define OPT_FIELD_IS_STRING(f) (_Generic(&(f)[0], char *: 1, default: 0) && sizeof(f) > 1)
 #define OPT_ROW_FIELD(NAME, field_, TYPE, ...)                                      \
@@ -227,27 +245,6 @@ static const struct {
  * Formatting values (settings lines, warnings, the Markdown table)
  * ------------------------------------------------------------------------ */
 
-/* A size the way a user would write it: the largest binary unit that
- * divides it exactly, so the text parses back to the same value. */
-static void format_size(size_t z, char *buf, size_t n)
-{
-	static const char units[] = "KMGT";
-	int u = -1;
-
-	if (z == SIZE_MAX) {
-		snprintf(buf, n, "unlimited");
-		return;
-	}
-	while (z != 0 && u < 3 && (z & 1023) == 0) {
-		z >>= 10;
-		u++;
-	}
-	if (u < 0)
-		snprintf(buf, n, "%zu", z);
-	else
-		snprintf(buf, n, "%zu%c", z, units[u]);
-}
-
 static const void *field_of(const struct emm_options *o, const struct opt_row *r)
 {
 	return (const char *)o + r->offset;
@@ -273,7 +270,7 @@ static void format_value(const struct opt_row *r, const struct emm_options *o, c
 		snprintf(buf, n, "%u", *(const unsigned *)f);
 		break;
 	case OPT_SIZE:
-		format_size(*(const size_t *)f, buf, n);
+		emm_options_format_size(*(const size_t *)f, buf, n);
 		break;
 	case OPT_ENUM: {
 		unsigned v = enum_value(f);
@@ -282,6 +279,12 @@ static void format_value(const struct opt_row *r, const struct emm_options *o, c
 	}
 	case OPT_STRING:
 		snprintf(buf, n, "%s", *(const char *)f ? (const char *)f : "\"\"");
+		break;
+	case OPT_OUTPUT:
+		snprintf(buf, n, "%s", o->stats_file[0] ? o->stats_file : !o->stats ? "off" : o->stats_json ? "json" : "on");
+		break;
+	case OPT_SIGNAL:
+		emm_format_signal(*(const unsigned *)f, buf, n);
 		break;
 	}
 }
@@ -316,6 +319,12 @@ static void format_expected(const struct opt_row *r, char *buf, size_t n)
 		snprintf(buf, n, "a %sstring of at most %zu bytes", (r->flags & F_NONEMPTY) ? "non-empty " : "",
 			 r->field_size - 1);
 		break;
+	case OPT_OUTPUT:
+		snprintf(buf, n, "1/true/yes/on, 0/false/no/off, table, json, or a path with a '/' or ending in .json");
+		break;
+	case OPT_SIGNAL:
+		snprintf(buf, n, "a signal name (SIGUSR2, USR2, SIGRTMIN+1) or number, or off");
+		break;
 	}
 }
 
@@ -347,20 +356,13 @@ static void format_type(const struct opt_row *r, char *buf, size_t n)
 	case OPT_STRING:
 		snprintf(buf, n, "string%s", unit);
 		break;
+	case OPT_OUTPUT:
+		snprintf(buf, n, "bool, `json` or a path");
+		break;
+	case OPT_SIGNAL:
+		snprintf(buf, n, "signal name or number");
+		break;
 	}
-}
-
-/* A value from the environment, safe to echo: printable ASCII only, cut. */
-static void format_echo(const char *s, char *buf, size_t n)
-{
-	size_t i = 0;
-	const size_t keep = n - 4; /* room for "..." and NUL */
-
-	for (; s[i] && i < keep; i++)
-		buf[i] = (s[i] >= 0x20 && s[i] < 0x7f) ? s[i] : '?';
-	if (s[i])
-		memcpy(buf + i, "...", 3), i += 3;
-	buf[i] = '\0';
 }
 
 /* ------------------------------------------------------------------------
@@ -376,9 +378,11 @@ static void set_defaults(struct emm_options *o)
 
 		switch (r->type) {
 		case OPT_BOOL:
+		case OPT_OUTPUT:
 			*(bool *)f = r->def.b;
 			break;
 		case OPT_UINT:
+		case OPT_SIGNAL:
 			*(unsigned *)f = r->def.u;
 			break;
 		case OPT_ENUM:
@@ -435,6 +439,10 @@ static int parse_value(const struct opt_row *r, const char *value, struct emm_op
 			}
 		}
 		return -EINVAL;
+	case OPT_OUTPUT:
+		return emm_parse_stats(value, &o->stats, &o->stats_json, o->stats_file, sizeof(o->stats_file));
+	case OPT_SIGNAL:
+		return emm_parse_signal(value, f);
 	case OPT_STRING: {
 		size_t len = strnlen(value, r->field_size);
 		if (len >= r->field_size || (len == 0 && (r->flags & F_NONEMPTY)))
@@ -463,33 +471,6 @@ static bool is_reserved(const char *var)
 	return false;
 }
 
-#define NAME_MAX_LEN 32 /* longer names are never close to an option's */
-
-/* Levenshtein distance, ASCII case-insensitive, of a[0..la) (la <=
- * NAME_MAX_LEN) and b. One row of the matrix, indexed by a position. */
-static size_t edit_distance(const char *a, size_t la, const char *b)
-{
-	size_t row[NAME_MAX_LEN + 1];
-
-	for (size_t i = 0; i <= la; i++)
-		row[i] = i;
-	for (size_t j = 1; b[j - 1]; j++) {
-		size_t diag = row[0];
-		row[0] = j;
-		for (size_t i = 1; i <= la; i++) {
-			size_t up = row[i];
-			size_t best = diag + (ascii_lower(a[i - 1]) != ascii_lower(b[j - 1]));
-			if (up + 1 < best)
-				best = up + 1;
-			if (row[i - 1] + 1 < best)
-				best = row[i - 1] + 1;
-			row[i] = best;
-			diag = up;
-		}
-	}
-	return row[la];
-}
-
 /* The option a misspelt name (without EMM_) most likely meant, or NULL when
  * none is close: at most 1 edit per 4 characters, 1 at least, 3 at most. */
 static const struct opt_row *nearest_row(const char *name, size_t len)
@@ -498,12 +479,12 @@ static const struct opt_row *nearest_row(const char *name, size_t len)
 	size_t best_d = SIZE_MAX;
 	size_t limit = 1 + len / 4;
 
-	if (len > NAME_MAX_LEN)
+	if (len > EMM_CFG_NAME_MAX)
 		return NULL;
 	if (limit > 3)
 		limit = 3;
 	for (size_t i = 0; i < EMM_ARRAY_SIZE(rows); i++) {
-		size_t d = edit_distance(name, len, rows[i].name);
+		size_t d = emm_cfg_edit_distance(name, len, rows[i].name);
 		if (d < best_d) {
 			best_d = d;
 			best = &rows[i];
@@ -529,7 +510,7 @@ static void warn_invalid(const struct opt_row *r, const char *value, const struc
 {
 	char echo[80], expected[160], def[64];
 
-	format_echo(value, echo, sizeof(echo));
+	emm_cfg_echo(value, echo, sizeof(echo));
 	format_expected(r, expected, sizeof(expected));
 	format_value(r, defaults, def, sizeof(def));
 	emm_warn("EMM_%s='%s' is not valid: expected %s; using default %s", r->name, echo, expected, def);
@@ -619,6 +600,11 @@ void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum e
 			continue;
 		}
 		src[r->id] = EMM_OPTION_ENV;
+		if (secure && r->type == OPT_OUTPUT && out->stats_file[0]) {
+			emm_warn("EMM_%s: a file is ignored in a setuid/setgid program; JSON goes to stderr",
+				 r->name);
+			out->stats_file[0] = '\0';
+		}
 	}
 
 	check_relations(out, src, &defaults);
@@ -699,23 +685,10 @@ const char *emm_option_name(enum emm_option_id id)
 	return (size_t)id < EMM_ARRAY_SIZE(rows) ? rows[id].name : NULL;
 }
 
-size_t emm_options_write_lines(const struct emm_options *opts, const enum emm_option_source *sources, char *buf,
-			       size_t size)
+void emm_option_format(enum emm_option_id id, const struct emm_options *opts, char *buf, size_t n)
 {
-	size_t len = 0;
-
-	for (size_t i = 0; i < EMM_ARRAY_SIZE(rows); i++) {
-		const char *src = !sources || sources[i] == EMM_OPTION_DEFAULT ? "default"
-				  : sources[i] == EMM_OPTION_ENV	       ? "env"
-									       : "invalid";
-		char value[300];
-		int n;
-
-		format_value(&rows[i], opts, value, sizeof(value));
-		n = snprintf(len < size ? buf + len : NULL, len < size ? size - len : 0, "EMM_%s=%s\t%s\n",
-			     rows[i].name, value, src);
-		if (n > 0)
-			len += (size_t)n;
-	}
-	return len;
+	if ((size_t)id < EMM_ARRAY_SIZE(rows))
+		format_value(&rows[id], opts, buf, n);
+	else if (n)
+		buf[0] = '\0';
 }

@@ -44,6 +44,10 @@ struct emm_options {
 	bool disable;		   /* EMM_DISABLE: pure pass-through */
 	unsigned verbose;	   /* EMM_VERBOSE: 0 quiet, 1 settings + warnings, 2 debug */
 	bool stats;		   /* EMM_STATS: print statistics at exit */
+	bool stats_json;	   /* ... as JSON (EMM_STATS=json or a path) */
+	char stats_file[256];	   /* ... into this file ("" = stderr; %p: the process id) */
+	unsigned stats_signal;	   /* EMM_STATS_SIGNAL: dump statistics on this signal (0 = off) */
+	char snapshot_file[256];   /* EMM_SNAPSHOT: memory snapshot pickle path ("" = off) */
 	char log_file[256];	   /* EMM_LOG: CSV event trace path ("" = off) */
 	char backend[256];	   /* EMM_BACKEND: built-in name or path ("driver") */
 	char backend_options[256]; /* EMM_BACKEND_OPTIONS: passed to the backend */
@@ -66,6 +70,7 @@ struct emm_options {
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
 	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */
+	char ipc_dir[256];	   /* EMM_IPC_DIR: where the IPC registry lives (/dev/shm) */
 };
 
 /* Row ids, in table order. */
@@ -73,6 +78,8 @@ enum emm_option_id {
 	EMM_OPT_DISABLE,
 	EMM_OPT_VERBOSE,
 	EMM_OPT_STATS,
+	EMM_OPT_STATS_SIGNAL,
+	EMM_OPT_SNAPSHOT,
 	EMM_OPT_LOG,
 	EMM_OPT_BACKEND,
 	EMM_OPT_BACKEND_OPTIONS,
@@ -95,6 +102,7 @@ enum emm_option_id {
 	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT_VMM,
 	EMM_OPT_VMM_REAP_MS,
+	EMM_OPT_IPC_DIR,
 	EMM_OPT__COUNT
 };
 
@@ -120,13 +128,24 @@ const enum emm_option_source *emm_options_sources(void);
  * checked against this output by a test). */
 void emm_options_write_markdown(FILE *out);
 
+/* A size the way a user would write it ("2M", "1536K", "unlimited"): the
+ * largest binary unit that divides it exactly, so it parses back. */
+void emm_options_format_size(size_t z, char *buf, size_t n);
+
 /* Parse helpers, exposed for tests. 0 or -EINVAL; *ret untouched on error. */
 int emm_parse_bool(const char *s, bool *ret);
 int emm_parse_size(const char *s, bool allow_unlimited, size_t *ret);
 int emm_parse_uint(const char *s, unsigned min, unsigned max, unsigned *ret);
+/* A signal: a name with or without SIG (USR2, SIGUSR2, RTMIN+3, any case),
+ * a number, or off/none/0 (0). Uncatchable and fault signals are refused. */
+int emm_parse_signal(const char *s, unsigned *ret);
+void emm_format_signal(unsigned sig, char *buf, size_t n);
+/* EMM_STATS: a boolean (table or nothing), "table", "json" (JSON on
+ * stderr), or a path (one with a '/' or ending in .json: JSON into it). */
+int emm_parse_stats(const char *s, bool *ret_on, bool *ret_json, char *file, size_t file_size);
 
 /* emm_options_parse with the secure mode given instead of read from
- * getauxval(AT_SECURE): when `secure`, EMM_BACKEND and EMM_LOG are ignored
+ * getauxval(AT_SECURE): when `secure`, EMM_BACKEND, EMM_LOG and EMM_IPC_DIR are ignored
  * with a warning (a setuid program must not dlopen or write where its
  * invoker says). For tests. */
 void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum emm_option_source *sources,
@@ -136,11 +155,8 @@ void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum e
  * is out of range. */
 const char *emm_option_name(enum emm_option_id id);
 
-/* Write "EMM_NAME=value<TAB>source\n" for every option (source: default,
- * env or invalid; sources may be NULL) into buf as snprintf does: at most
- * size bytes, NUL-terminated when size > 0. Returns the length of the whole
- * text (without the NUL). No allocation. */
-size_t emm_options_write_lines(const struct emm_options *opts, const enum emm_option_source *sources, char *buf,
-			       size_t size);
+/* An option's value in `opts` as emm_options_print writes it ("64M",
+ * "fence"); "" when `id` is out of range. */
+void emm_option_format(enum emm_option_id id, const struct emm_options *opts, char *buf, size_t n);
 
 #endif

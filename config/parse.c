@@ -2,11 +2,15 @@
 /*
  * config/parse.c - the grammar of one EMM_* value (config/options.h):
  * booleans (1/true/yes/on, 0/false/no/off), sizes with K/M/G/T and KiB-style
- * suffixes or "unlimited", and bounded unsigned integers.
+ * suffixes or "unlimited", bounded unsigned integers, signals (names or
+ * numbers) and EMM_STATS's output (on/off, table, json or a file).
  */
 #include <errno.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "common/compiler.h"
 #include "config/ascii.h"
@@ -102,5 +106,111 @@ int emm_parse_uint(const char *s, unsigned min, unsigned max, unsigned *ret)
 	if (v < min || v > max)
 		return -EINVAL;
 	*ret = (unsigned)v;
+	return 0;
+}
+
+/* Signals a user may name, without the SIG prefix. */
+static const struct {
+	const char *name;
+	unsigned number;
+} signal_names[] = {
+    {"HUP", SIGHUP},   {"INT", SIGINT},   {"QUIT", SIGQUIT}, {"USR1", SIGUSR1}, {"USR2", SIGUSR2},
+    {"PIPE", SIGPIPE}, {"ALRM", SIGALRM}, {"TERM", SIGTERM}, {"CONT", SIGCONT}, {"TSTP", SIGTSTP},
+    {"TTIN", SIGTTIN}, {"TTOU", SIGTTOU}, {"URG", SIGURG},   {"XCPU", SIGXCPU}, {"XFSZ", SIGXFSZ},
+    {"VTALRM", SIGVTALRM}, {"PROF", SIGPROF}, {"WINCH", SIGWINCH}, {"IO", SIGIO}, {"PWR", SIGPWR},
+};
+
+/* Signals a dump may not take: uncatchable, or faults a handler must not
+ * swallow. */
+static bool signal_allowed(unsigned sig)
+{
+	return sig >= 1 && sig < (unsigned)NSIG && sig != SIGKILL && sig != SIGSTOP && sig != SIGSEGV &&
+	       sig != SIGBUS && sig != SIGFPE && sig != SIGILL && sig != SIGABRT && sig != SIGTRAP &&
+	       sig != SIGCHLD;
+}
+
+int emm_parse_signal(const char *s, unsigned *ret)
+{
+	unsigned v;
+
+	if (!s)
+		return -EINVAL;
+	if (ascii_eq_nocase(s, "off") || ascii_eq_nocase(s, "none") || ascii_eq_nocase(s, "0")) {
+		*ret = 0;
+		return 0;
+	}
+	if (emm_parse_uint(s, 1, (unsigned)NSIG - 1, &v) == 0) {
+		if (!signal_allowed(v))
+			return -EINVAL;
+		*ret = v;
+		return 0;
+	}
+	if (ascii_lower(s[0]) == 's' && ascii_lower(s[1]) == 'i' && ascii_lower(s[2]) == 'g')
+		s += 3;
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(signal_names); i++) {
+		if (ascii_eq_nocase(s, signal_names[i].name)) {
+			*ret = signal_names[i].number;
+			return 0;
+		}
+	}
+	/* RTMIN+n */
+	if (ascii_lower(s[0]) == 'r' && ascii_lower(s[1]) == 't' && ascii_lower(s[2]) == 'm' &&
+	    ascii_lower(s[3]) == 'i' && ascii_lower(s[4]) == 'n') {
+		unsigned n = 0;
+		if (s[5] && (s[5] != '+' || emm_parse_uint(s + 6, 0, 64, &n) < 0))
+			return -EINVAL;
+		if ((unsigned)SIGRTMIN + n > (unsigned)SIGRTMAX)
+			return -EINVAL;
+		*ret = (unsigned)SIGRTMIN + n;
+		return 0;
+	}
+	return -EINVAL;
+}
+
+void emm_format_signal(unsigned sig, char *buf, size_t n)
+{
+	if (sig == 0) {
+		snprintf(buf, n, "off");
+		return;
+	}
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(signal_names); i++) {
+		if (signal_names[i].number == sig) {
+			snprintf(buf, n, "SIG%s", signal_names[i].name);
+			return;
+		}
+	}
+	if (sig >= (unsigned)SIGRTMIN && sig <= (unsigned)SIGRTMAX)
+		snprintf(buf, n, "SIGRTMIN+%u", sig - (unsigned)SIGRTMIN);
+	else
+		snprintf(buf, n, "%u", sig);
+}
+
+int emm_parse_stats(const char *s, bool *ret_on, bool *ret_json, char *file, size_t file_size)
+{
+	bool on;
+	size_t len;
+
+	if (!s)
+		return -EINVAL;
+	if (emm_parse_bool(s, &on) == 0) {
+		*ret_on = on;
+		*ret_json = false;
+		file[0] = '\0';
+		return 0;
+	}
+	if (ascii_eq_nocase(s, "table") || ascii_eq_nocase(s, "json")) {
+		*ret_on = true;
+		*ret_json = ascii_lower(s[0]) == 'j';
+		file[0] = '\0';
+		return 0;
+	}
+	/* A path: it names a folder (has a '/') or ends in .json. */
+	len = strlen(s);
+	if (len >= file_size ||
+	    (!strchr(s, '/') && (len < 5 || !ascii_eq_nocase(s + len - 5, ".json"))))
+		return -EINVAL;
+	*ret_on = true;
+	*ret_json = true;
+	memcpy(file, s, len + 1);
 	return 0;
 }

@@ -13,6 +13,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "common/compiler.h"
@@ -28,9 +29,27 @@ EMM_EXPORT const char *emm_version_string(void)
 	return EMM_VERSION_STRING;
 }
 
+/* "EMM_NAME=value<TAB>source\n" per option, snprintf-style (emm.h). */
 EMM_EXPORT size_t emm_settings(char *buf, size_t size)
 {
-	return emm_options_write_lines(emm_options_get(), emm_options_sources(), buf, size);
+	const struct emm_options *opts = emm_options_get();
+	const enum emm_option_source *sources = emm_options_sources();
+	size_t len = 0;
+
+	for (int id = 0; id < EMM_OPT__COUNT; id++) {
+		const char *src = sources[id] == EMM_OPTION_DEFAULT ? "default"
+		                  : sources[id] == EMM_OPTION_ENV   ? "env"
+		                                                    : "invalid";
+		char value[300];
+		int n;
+
+		emm_option_format((enum emm_option_id)id, opts, value, sizeof(value));
+		n = snprintf(len < size ? buf + len : NULL, len < size ? size - len : 0, "EMM_%s=%s\t%s\n",
+		             emm_option_name((enum emm_option_id)id), value, src);
+		if (n > 0)
+			len += (size_t)n;
+	}
+	return len;
 }
 
 EMM_EXPORT int emm_stats_get(int device, struct emm_stats *out)

@@ -2,8 +2,10 @@
 /*
  * interpose/shims_query.c - the driver API's memory queries: cuMemGetInfo (idle
  * cache counted as free), cuMemGetAddressRange and cuPointerGetAttribute(s)
- * (the block the program was given, not the segment behind it), and
- * cuIpcGetMemHandle (exported only for a block that is a whole segment).
+ * (the block the program was given, not the segment behind it; a block
+ * opened through a libemm IPC handle likewise), and legacy IPC of any
+ * block (cuIpcGetMemHandle, cuIpcOpenMemHandle[_v2], cuIpcCloseMemHandle;
+ * process/ipc.c).
  */
 #include <cuda.h>
 #include <errno.h>
@@ -40,10 +42,32 @@ EMM_EXPORT CUresult CUDAAPI cuMemGetInfo_v2(size_t *free, size_t *total)
 	return r;
 }
 
-EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+/* The range the program was given that contains addr: one of our blocks,
+ * or a block opened through a libemm IPC handle (as its exporter answers).
+ * 0, -ENXIO (in our memory or an opened segment, in no such block),
+ * -ENOENT. */
+static int block_range(CUdeviceptr addr, CUdeviceptr *ret_base, size_t *ret_size)
 {
 	struct emm_block_range range;
+	emm_addr_t base;
+	size_t size;
+	int found = emm_serve_find_block(addr, &range);
+
+	if (found == 0) {
+		*ret_base = (CUdeviceptr)range.base;
+		*ret_size = range.requested;
+	} else if (found == -ENOENT && (found = emm_ipc_find_import(addr, &base, &size)) == 0) {
+		*ret_base = (CUdeviceptr)base;
+		*ret_size = size;
+	}
+	return found;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
+{
 	CUresult r = CALL_REAL(cuMemGetAddressRange_v2, pbase, psize, dptr);
+	CUdeviceptr base;
+	size_t size;
 	int found;
 
 	/* The driver validated the pointer (it lies in our segment); describe
@@ -51,12 +75,12 @@ EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *
 	 * (its base and the size asked for). */
 	if (r != CUDA_SUCCESS || !emm_state_enabled())
 		return r;
-	found = emm_serve_find_block(dptr, &range);
+	found = block_range(dptr, &base, &size);
 	if (found == 0) {
 		if (pbase)
-			*pbase = (CUdeviceptr)range.base;
+			*pbase = base;
 		if (psize)
-			*psize = range.requested;
+			*psize = size;
 	} else if (found == -ENXIO) {
 		if (psize)
 			*psize = 0;
@@ -66,31 +90,28 @@ EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *
 }
 
 /* Rewrite the range attributes the driver reported for the segment. */
-static void fix_range_attribute(CUpointer_attribute attribute, void *data,
-                                const struct emm_block_range *range)
+static void fix_range_attribute(CUpointer_attribute attribute, void *data, CUdeviceptr base, size_t size)
 {
 	if (!data)
 		return;
-	if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR) {
-		CUdeviceptr base = (CUdeviceptr)range->base;
+	if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
 		memcpy(data, &base, sizeof(base));
-	} else if (attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE) {
-		size_t size = range->requested;
+	else if (attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
 		memcpy(data, &size, sizeof(size));
-	}
 }
 
 EMM_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
-	struct emm_block_range range;
 	CUresult r = CALL_REAL(cuPointerGetAttribute, data, attribute, ptr);
+	CUdeviceptr base;
+	size_t size;
 	int found;
 
 	if (r != CUDA_SUCCESS || !emm_state_enabled())
 		return r;
-	found = emm_serve_find_block(ptr, &range);
+	found = block_range(ptr, &base, &size);
 	if (found == 0)
-		fix_range_attribute(attribute, data, &range);
+		fix_range_attribute(attribute, data, base, size);
 	else if (found == -ENXIO)
 		r = CUDA_ERROR_INVALID_VALUE; /* the driver's answer for memory nobody holds */
 	return r;
@@ -100,56 +121,114 @@ EMM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
                                                    CUpointer_attribute *attributes, void **data,
                                                    CUdeviceptr ptr)
 {
-	struct emm_block_range range;
 	CUresult r = CALL_REAL(cuPointerGetAttributes, numAttributes, attributes, data, ptr);
+	CUdeviceptr base;
+	size_t size;
 
-	if (r == CUDA_SUCCESS && attributes && data && emm_state_enabled() &&
-	    emm_serve_find_block(ptr, &range) == 0)
+	if (r == CUDA_SUCCESS && attributes && data && emm_state_enabled() && block_range(ptr, &base, &size) == 0)
 		for (unsigned int i = 0; i < numAttributes; i++)
-			fix_range_attribute(attributes[i], data[i], &range);
+			fix_range_attribute(attributes[i], data[i], base, size);
 	return r;
 }
 
+/* --- IPC (process/ipc.c keeps the books; the driver calls are here) ------- */
+
 EMM_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {
-	static atomic_bool warned;
-	struct emm_block_range range;
-	bool refuse = false;
+	struct emm_ipc_export ex;
+	CUipcMemHandle segment;
+	CUresult r;
+	int got;
 
-	/* A handle names the driver allocation - our segment. The importer
-	 * maps the whole segment at its base: only a block that is the whole
-	 * segment opens at its own bytes and shows nobody else's. Any other
-	 * block is refused rather than silently wrong. Pinned memory is the
-	 * driver's to refuse. */
-	bool found = false, no_ipc = false;
-
-	if (pHandle && emm_state_enabled()) {
-		emm_state_enter();
-		found = emm_serve_find_block(dptr, &range) == 0 && !emm_state_heap_is_pinned(range.heap);
-		emm_state_leave();
-		/* Segments of a backend that cannot share them (vmm, async,
-		 * managed) are refused clearly rather than with the driver's
-		 * puzzling answer about memory the program did not allocate. */
-		no_ipc = found && !emm_state_backend_can_ipc();
-		refuse = found && (no_ipc || range.base != range.segment_base || range.size != range.segment_size);
-	}
-	if (refuse) {
+	/* A handle names a driver allocation - our segment. A block that is
+	 * the whole segment is exported with the driver's handle; any other
+	 * gets a libemm handle that names the block (another libemm process
+	 * opens it at the block's first byte, the driver refuses it). Pinned
+	 * memory and memory not ours are the driver's to answer. */
+	if (!pHandle)
+		return CALL_REAL(cuIpcGetMemHandle, pHandle, dptr);
+	got = emm_ipc_export_begin((emm_addr_t)dptr, &ex);
+	if (got == -EINVAL)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (got == -ENOTSUP) {
 		emm_state_count(EMM_COUNT_IPC_REFUSED);
-		if (!atomic_exchange(&warned, true)) {
-			if (no_ipc)
-				emm_warn("cuIpcGetMemHandle(%#llx): the %s backend's memory cannot be exported with "
-				         "cuIpcGetMemHandle, so libemm refuses (CUDA_ERROR_NOT_SUPPORTED). Run this "
-				         "program with EMM_BACKEND=driver or EMM_DISABLE=1 to export it",
-				         (unsigned long long)dptr, emm_state_backend_name());
-			else
-				emm_warn("cuIpcGetMemHandle(%#llx): the block (%zu bytes at offset %llu) shares a "
-				         "libemm segment of %zu bytes; another process would open the whole segment, "
-				         "not this block, so libemm refuses (CUDA_ERROR_NOT_SUPPORTED). Run this "
-				         "program with EMM_DISABLE=1 to export it",
-				         (unsigned long long)dptr, range.size,
-				         (unsigned long long)(range.base - range.segment_base), range.segment_size);
-		}
 		return CUDA_ERROR_NOT_SUPPORTED;
 	}
-	return CALL_REAL(cuIpcGetMemHandle, pHandle, dptr);
+	if (got != 0)
+		return CALL_REAL(cuIpcGetMemHandle, pHandle, dptr);
+	r = CALL_REAL(cuIpcGetMemHandle, &segment, (CUdeviceptr)ex.segment_base);
+	if (r != CUDA_SUCCESS)
+		return r;
+	if (emm_ipc_export_done(&ex, &segment, pHandle) != 0) {
+		emm_state_count(EMM_COUNT_IPC_REFUSED);
+		return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	return CUDA_SUCCESS;
+}
+
+typedef CUresult (*ipc_open_fn)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+
+static CUresult ipc_open(ipc_open_fn real, CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int flags)
+{
+	struct emm_ipc_import im;
+	emm_addr_t ptr = 0;
+	CUdeviceptr base;
+	CUresult r;
+	int got;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	/* The driver checks the arguments; a libemm handle goes through the
+	 * registry to the segment's own handle. */
+	got = pdptr && !(flags & ~(unsigned int)CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+	          ? emm_ipc_import_begin(&handle, &im, &ptr)
+	          : -ENOENT;
+	if (got == -ENOENT)
+		return real(pdptr, handle, flags);
+	if (got < 0)
+		return got == -ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+	if (got == 0) {
+		r = real(&base, im.segment, flags);
+		if (r != CUDA_SUCCESS) {
+			emm_ipc_import_failed(&im);
+			return r;
+		}
+		got = emm_ipc_import_done(&im, (emm_addr_t)base, &ptr);
+		if (got != 0) {
+			(void)CALL_REAL(cuIpcCloseMemHandle, base);
+			return got == -ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+		}
+	}
+	*pdptr = (CUdeviceptr)ptr;
+	return CUDA_SUCCESS;
+}
+
+EMM_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle_v2(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+	return ipc_open(REAL(cuIpcOpenMemHandle_v2), pdptr, handle, Flags);
+}
+
+/* The export of the old name (cuda.h renames it to _v2): the same ABI. */
+EMM_EXPORT CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *pdptr, CUipcMemHandle handle, unsigned int Flags)
+{
+	return ipc_open((ipc_open_fn)emm_real_driver("cuIpcOpenMemHandle"), pdptr, handle, Flags);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+	emm_addr_t base;
+	unsigned closes;
+	CUresult r = CUDA_SUCCESS;
+	int got = emm_ipc_close((emm_addr_t)dptr, &base, &closes);
+
+	if (got == -EINVAL)
+		return CUDA_ERROR_INVALID_VALUE; /* the driver's answer for a pointer no open gave */
+	if (got != 0)
+		return CALL_REAL(cuIpcCloseMemHandle, dptr);
+	while (closes-- > 0) {
+		CUresult c = CALL_REAL(cuIpcCloseMemHandle, (CUdeviceptr)base);
+		if (r == CUDA_SUCCESS)
+			r = c;
+	}
+	return r;
 }

@@ -176,6 +176,7 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 		goto publish;
 	}
 	st_heap_params(&params);
+	st_fit_params(e, dev, &params);
 	src.state = e;
 	src.alloc = st_device_segment_alloc;
 	src.free = st_device_segment_free;
@@ -502,6 +503,8 @@ static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), 
 	/* Its captures and graphs went with it; quarantined blocks of these
 	 * heaps are forgotten (the pointers are only compared). */
 	emm_capture_context_dropped(e->ctx, heaps, n);
+	/* Its IPC exports and imports went with its memory. */
+	st_ipc_context_dropped(e);
 	/* e stays allocated: stale thread caches may still read it. */
 	return true;
 }
@@ -571,6 +574,23 @@ void emm_state_primary_retaining(CUdevice dev)
 	/* An inactive primary context has no memory: any heap we keep for it
 	 * is left from before a reset we did not see. */
 	emm_state_primary_released(dev);
+}
+
+struct ctx_entry *st_heap_entry(const emm_heap_t *heap)
+{
+	struct ctx_entry *found = NULL;
+
+	st_lock(&st_ctx_lock);
+	for (size_t i = 0; i < ctx_count && !found; i++) {
+		struct ctx_entry *e = ctx_list[i];
+		if (e->heap == heap)
+			found = e;
+		for (unsigned f = 0; f < PINNED_FLAG_SETS && !found; f++)
+			if (atomic_load_explicit(&e->pinned[f], memory_order_acquire) == heap)
+				found = e;
+	}
+	st_unlock(&st_ctx_lock);
+	return found;
 }
 
 void st_contexts_fork_child(void)

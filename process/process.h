@@ -13,7 +13,9 @@
  *     events (fence_cuda.c);
  *   - counters and statistics (stats.c, stats_print.c);
  *   - the VMM calls' cache of whole freed buffers (vmm.c, vmm_table.c,
- *     vmm_idle.c).
+ *     vmm_idle.c);
+ *   - legacy IPC of any block and the per-user registry behind it (ipc.c,
+ *     ipc_registry.c).
  * Files inside process/ share process_internal.h as well; nothing outside
  * includes that.
  *
@@ -31,6 +33,8 @@
  *   pool->lock   - a context's free CUDA events; a leaf.
  *   vmm_lock     - the VMM cache (vmm.c, vmm_table.c, vmm_idle.c); a leaf,
  *                  and the fence ops run outside it.
+ *   ipc_lock     - exports, kept segments, imports and the registry file's
+ *                  flock (ipc.c); a leaf.
  */
 #ifndef EMM_PROCESS_PROCESS_H
 #define EMM_PROCESS_PROCESS_H
@@ -113,6 +117,8 @@ struct emm_real_driver_table {
 	CUresult (*cuPointerGetAttribute)(void *, CUpointer_attribute, CUdeviceptr);
 	CUresult (*cuPointerGetAttributes)(unsigned int, CUpointer_attribute *, void **, CUdeviceptr);
 	CUresult (*cuIpcGetMemHandle)(CUipcMemHandle *, CUdeviceptr);
+	CUresult (*cuIpcOpenMemHandle_v2)(CUdeviceptr *, CUipcMemHandle, unsigned int);
+	CUresult (*cuIpcCloseMemHandle)(CUdeviceptr);
 	CUresult (*cuStreamCreate)(CUstream *, unsigned int);
 	CUresult (*cuStreamCreateWithPriority)(CUstream *, unsigned int, int);
 	CUresult (*cuStreamDestroy_v2)(CUstream);
@@ -285,7 +291,12 @@ void emm_state_collect_stats(int device, struct emm_stats *out);
 /* Print the EMM_STATS table (stats_print.c); no driver calls. */
 void emm_stats_print_exit(void);
 
-/* Log an out-of-memory report (EMM_VERBOSE >= 1). */
+/* Write the statistics as one line of JSON (stats_json.c; schema in
+ * docs/stats-json.md); `reason` is "exit" or "signal". No driver calls. */
+struct emm_outbuf;
+void emm_stats_write_json(struct emm_outbuf *ob, const char *reason);
+
+/* Log the out-of-memory report, once per burst of failures (oom_report.c). */
 void emm_state_report_oom(emm_heap_t *heap, size_t size);
 
 /* --- streams and capture ----------------------------------------------- */
@@ -403,7 +414,7 @@ enum emm_state_counter {
 	EMM_COUNT_MANAGED_ALLOC, /* cuMemAllocManaged (always forwarded) */
 	EMM_COUNT_CAPTURE_ALLOC, /* stream-ordered allocation made during capture (driver) */
 	EMM_COUNT_BAD_FREE,      /* double/interior free refused */
-	EMM_COUNT_IPC_REFUSED,   /* cuIpcGetMemHandle refused for a sub-allocated block */
+	EMM_COUNT_IPC_REFUSED,   /* cuIpcGetMemHandle refused (backend without IPC, registry unusable) */
 	EMM_COUNT__COUNT
 };
 
@@ -531,6 +542,74 @@ void emm_vmm_count_pool(enum emm_pool_event what, CUdeviceptr ptr, size_t size, 
  * shim under it does not count the allocation a second time. */
 void emm_vmm_runtime_pool_enter(void);
 void emm_vmm_runtime_pool_leave(void);
+
+/* === legacy IPC of any block (ipc.c, ipc_registry.c) ====================== */
+
+/*
+ * cuIpcGetMemHandle(dptr), in two steps around the driver's call, which the
+ * shim makes:
+ *   emm_ipc_export_begin  -ENOENT: not libemm's device memory (or libemm
+ *                         off): the driver answers for dptr unchanged.
+ *                         -ENOTSUP: the backend's memory cannot be
+ *                         exported (warned once): CUDA_ERROR_NOT_SUPPORTED.
+ *                         -EINVAL: in a segment of libemm's, in no live
+ *                         block (freed): CUDA_ERROR_INVALID_VALUE, the
+ *                         driver's answer for freed memory.
+ *                         1: the block is its whole segment: the driver's
+ *                         handle of dptr is the answer.
+ *                         0: a block inside a segment: ask the driver for
+ *                         the handle of ex->segment_base, then
+ *   emm_ipc_export_done   0 and the libemm handle of the block in
+ *                         *ret_handle; -ENOTSUP: it cannot be registered
+ *                         (registry unusable or full; warned once).
+ * A segment with blocks exported stays allocated while another process has
+ * it open (ipc.c says how long exactly).
+ */
+struct ctx_entry;
+struct emm_ipc_export {
+	emm_addr_t segment_base;
+	size_t segment_size, offset, size;
+	struct ctx_entry *entry; /* the context of the block's heap */
+};
+int emm_ipc_export_begin(emm_addr_t dptr, struct emm_ipc_export *ex);
+int emm_ipc_export_done(const struct emm_ipc_export *ex, const CUipcMemHandle *segment, CUipcMemHandle *ret_handle);
+
+/*
+ * cuIpcOpenMemHandle(handle), likewise:
+ *   emm_ipc_import_begin  -ENOENT: not a libemm handle (or libemm off): the
+ *                         driver's call with the same arguments. -EINVAL:
+ *                         a libemm handle no exporter registered
+ *                         (CUDA_ERROR_INVALID_VALUE, the driver's answer for
+ *                         a handle it never made); -ENOMEM.
+ *                         1: served: *ret_ptr (the segment is open here).
+ *                         0: open im->segment with the driver, then
+ *   emm_ipc_import_done   with the driver's mapping `base`: 0 and *ret_ptr
+ *                         (base + the block's offset); -EINVAL: the mapping
+ *                         does not hold the block, -ENOMEM: the caller
+ *                         closes `base` once and fails the call; or, when
+ *                         the driver's open failed, emm_ipc_import_failed.
+ */
+struct emm_ipc_import {
+	CUipcMemHandle segment;
+	size_t offset, size, segment_size;
+	CUcontext ctx;
+};
+int emm_ipc_import_begin(const CUipcMemHandle *handle, struct emm_ipc_import *im, emm_addr_t *ret_ptr);
+int emm_ipc_import_done(const struct emm_ipc_import *im, emm_addr_t base, emm_addr_t *ret_ptr);
+/* The driver refused to open im->segment (its code is the answer). */
+void emm_ipc_import_failed(const struct emm_ipc_import *im);
+/* cuIpcCloseMemHandle(ptr): -ENOENT: no open of a libemm handle gave ptr
+ * (the driver answers). -EINVAL: ptr lies in a segment opened through
+ * libemm handles but no open gave it (CUDA_ERROR_INVALID_VALUE; a program
+ * that also opened that segment's driver handle itself cannot close it
+ * while blocks of it are open through libemm). 0: one reference dropped; the caller closes the
+ * segment's mapping *ret_base with the driver *ret_closes times (0 while
+ * other blocks or opens of the segment remain). */
+int emm_ipc_close(emm_addr_t ptr, emm_addr_t *ret_base, unsigned *ret_closes);
+/* The block opened through a libemm handle that contains addr: 0, its
+ * pointer and size; -ENXIO: inside a segment opened here, in no block
+ * opened here; -ENOENT. */
+int emm_ipc_find_import(emm_addr_t addr, emm_addr_t *ret_base, size_t *ret_size);
 
 /* emm_stats_get's answer: flush the trace, then the counters of `device`
  * into *out, as much of them as out->struct_size (>= 8) holds

@@ -29,6 +29,7 @@
 
 #include "allocator/backend_loader.h"
 #include "allocator/heap.h"
+#include "allocator/snapshot.h"
 #include "common/compiler.h"
 #include "config/options.h"
 #include "process/process.h"
@@ -226,6 +227,32 @@ static inline int st_tls_device(void)
 	return -1;
 }
 
+/* Open the EMM_LOG trace (%p expanded; beside another process's trace,
+ * never over it); in a fork child, stop tracing into the parent's file
+ * when the path has %p (trace_file.c). */
+void st_trace_start(void);
+void st_trace_fork_child(void);
+
+/* EMM_SNAPSHOT (snapshot.c): on when the option is set (read once, at
+ * initialisation); pool and segment events noted into a ring while on;
+ * the snapshot written to the path (%p expanded), 0 or a negative errno. */
+extern bool st_snapshot_on;
+void st_snapshot_setup(void);
+void st_snapshot_note(enum emm_snap_action action, uint64_t addr, uint64_t size, uint64_t stream);
+void st_snapshot_fork_child(void);
+int emm_snapshot_write(const char *pattern, const char *reason);
+
+/* The statistics at exit as EMM_STATS says, and the snapshot
+ * (stats_dump.c); the EMM_STATS_SIGNAL handler and its helper thread,
+ * installed at initialisation and again in a fork child. */
+void st_stats_exit_report(void);
+void st_stats_signal_setup(void);
+void st_stats_signal_fork_child(void);
+
+/* Segment sizes larger than the device `e`'s backend reports are cut to
+ * fit, and the user told once per device (device_fit.c). */
+void st_fit_params(struct ctx_entry *e, int device, struct emm_heap_params *p);
+
 /* The entry of the current context. 0; -ENODEV (no context, or `create`
  * false and none yet); -ENOSYS (disabled, exiting, or the context passes
  * through). */
@@ -276,6 +303,9 @@ size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out);
 
 void st_contexts_fork_child(void);
 
+/* The entry whose heap `heap` is (device or pinned); NULL if none. */
+struct ctx_entry *st_heap_entry(const emm_heap_t *heap);
+
 /* --- pinned.c ------------------------------------------------------------ */
 
 void st_pinned_fork_child(void);
@@ -320,6 +350,21 @@ size_t st_idle_bytes_device(int device);
  * st_heap_life_lock held exclusive. */
 void st_stats_retire(emm_heap_t *heap);
 void st_stats_fork_child(void);
+
+/* --- ipc.c ---------------------------------------------------------------- */
+
+/* The heap of `entry` gives back device segment `base`: true when the
+ * segment has IPC exports that a process still has open, so it stays
+ * allocated (the backend free is skipped; ipc.c). Also gives back retired
+ * segments nobody holds any more. */
+bool st_ipc_keep_segment(struct ctx_entry *entry, emm_addr_t base, size_t size);
+/* emm_release_idle: give back the retired segments of `device` (-1 all)
+ * that nobody holds any more; the bytes. */
+size_t st_ipc_release_retired(int device);
+/* The context is gone: forget its exports, kept segments and imports (no
+ * driver calls: its memory went with it). */
+void st_ipc_context_dropped(struct ctx_entry *entry);
+void st_ipc_fork_child(void);
 
 /* --- capture.c and quarantine.c: one idea in two files ------------------- */
 

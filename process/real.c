@@ -306,6 +306,8 @@ static void driver_table_init(void)
 	LOAD(cuPointerGetAttribute);
 	LOAD(cuPointerGetAttributes);
 	LOAD(cuIpcGetMemHandle);
+	LOAD(cuIpcOpenMemHandle_v2);
+	LOAD(cuIpcCloseMemHandle);
 	LOAD(cuStreamCreate);
 	LOAD(cuStreamCreateWithPriority);
 	LOAD(cuStreamDestroy_v2);

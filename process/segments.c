@@ -105,6 +105,8 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
 		st_tls_in_backend = false;
 	}
+	if (ret == 0 && !host && st_snapshot_on)
+		st_snapshot_note(EMM_SNAP_SEGMENT_ALLOC, *ret_addr, size, backend_stream(stream));
 	return ret;
 }
 
@@ -118,6 +120,9 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 	if (st_is_exiting())
 		return 0; /* the driver frees everything with the process */
 	st_assert_unlocked("a backend segment free");
+	/* A segment with IPC exports stays allocated (ipc.c). */
+	if (!host && st_ipc_keep_segment(e, addr, size))
+		return 0;
 	pushed = st_push_ctx(e->ctx);
 	st_tls_in_backend = true;
 	if (host)
@@ -126,6 +131,8 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 		ret = st_backend.table->segment_free(e->backend_state, addr, size, backend_stream(stream));
 	st_tls_in_backend = false;
 	st_pop_ctx(pushed);
+	if (ret == 0 && !host && st_snapshot_on)
+		st_snapshot_note(EMM_SNAP_SEGMENT_FREE, addr, size, backend_stream(stream));
 	return ret;
 }
 

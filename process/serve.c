@@ -7,10 +7,21 @@
  * (for the query shims). Each runs under the heap guard, traces to EMM_LOG
  * and tells the capture tracker what it needs; the shims only translate
  * arguments and results (errno values to CUresult or cudaError_t).
+ *
+ * The trace and the statistics count the same events: an "allocate" line
+ * is one of `allocs` (the pool) or `passthrough_allocs` (the driver), a
+ * "free" line one of `frees` or `passthrough_frees`, an "allocate failure"
+ * line one of `ooms` (a request the pool could not serve after its retry).
+ * A request of 0 bytes is in neither (the driver answers it), nor is a
+ * failure of a call libemm passed to the driver. A program request that
+ * fails in the runtime shim's fast path (report false) and then reaches the
+ * driver shim through the real runtime is one failure: the second attempt,
+ * the same size on the same thread right after, is answered at once.
  */
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "allocator/ptrmap.h"
 #include "allocator/trace.h"
@@ -18,10 +29,26 @@
 #include "process/process.h"
 #include "process/process_internal.h"
 
-static void trace(enum emm_trace_action action, emm_addr_t addr, size_t size, const void *stream)
+static void trace(enum emm_trace_action action, emm_addr_t addr, size_t size, const void *stream,
+                  enum emm_trace_memory memory)
 {
 	if (emm_trace_enabled())
-		emm_trace_event(action, addr, size, (uint64_t)(uintptr_t)stream);
+		emm_trace_event_memory(action, addr, size, (uint64_t)(uintptr_t)stream, memory);
+}
+
+/* The size of this thread's last unreported pool failure (0: none), and
+ * when (CLOCK_MONOTONIC, ns): the runtime's own attempt follows within
+ * microseconds; a later request of the same size is tried afresh. */
+static EMM_TLS_IE size_t tls_failed_size;
+static EMM_TLS_IE uint64_t tls_failed_ns;
+#define RETRY_WINDOW_NS 20000000ull
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
 /* Allocate from `heap`; -ENOMEM is reported (once per call) when `report`. */
@@ -31,17 +58,30 @@ static int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const voi
 	emm_addr_t addr;
 	int r;
 
+	enum emm_trace_memory memory = emm_heap_device(heap) == -2 ? EMM_TRACE_PINNED : EMM_TRACE_DEVICE;
+	bool just_failed = EMM_UNLIKELY(tls_failed_size == size) && now_ns() - tls_failed_ns < RETRY_WINDOW_NS;
+
 	st_assert_unlocked("emm_heap_alloc");
-	r = emm_heap_alloc(heap, size, key, &addr);
+	tls_failed_size = 0;
+	/* The same request again right after it failed unreported: the real
+	 * runtime's driver call after the fast path's failure. */
+	r = report && just_failed ? -ENOMEM : emm_heap_alloc(heap, size, key, &addr);
 
 	if (r == 0) {
 		/* A graph being captured may use it (capture.c). */
 		emm_capture_note_alloc(addr, heap);
-		trace(EMM_TRACE_ALLOCATE, addr, size, stream);
+		trace(EMM_TRACE_ALLOCATE, addr, size, stream, memory);
+		if (st_snapshot_on && memory == EMM_TRACE_DEVICE)
+			st_snapshot_note(EMM_SNAP_ALLOC, addr, size, (uint64_t)(uintptr_t)stream);
 		*ret_addr = addr;
 	} else if (r == -ENOMEM && report) {
 		emm_state_report_oom(heap, size);
-		trace(EMM_TRACE_ALLOCATE_FAILURE, 0, size, stream);
+		trace(EMM_TRACE_ALLOCATE_FAILURE, 0, size, stream, memory);
+		if (st_snapshot_on && memory == EMM_TRACE_DEVICE)
+			st_snapshot_note(EMM_SNAP_OOM, 0, size, (uint64_t)(uintptr_t)stream);
+	} else if (r == -ENOMEM) {
+		tls_failed_size = size;
+		tls_failed_ns = now_ns();
 	}
 	return r;
 }
@@ -96,24 +136,44 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 	if (addr == 0)
 		return -ENOENT;
 	st_assert_unlocked("a free of a libemm block");
+	tls_failed_size = 0; /* memory may have come back */
 	emm_state_enter();
 	r = emm_state_free_block(addr, key, pinned, &requested);
 	emm_state_leave();
-	if (r == 0)
-		trace(EMM_TRACE_FREE, addr, requested, stream);
+	if (r == 0) {
+		trace(EMM_TRACE_FREE, addr, requested, stream, pinned ? EMM_TRACE_PINNED : EMM_TRACE_DEVICE);
+		if (st_snapshot_on && !pinned) {
+			st_snapshot_note(EMM_SNAP_FREE_REQUESTED, addr, requested, (uint64_t)(uintptr_t)stream);
+			st_snapshot_note(EMM_SNAP_FREE_COMPLETED, addr, requested, (uint64_t)(uintptr_t)stream);
+		}
+	}
 	else if (r == -EINVAL && what)
 		bad_free(what, addr);
 	return r;
 }
 
+static enum emm_trace_memory memory_of(enum emm_state_counter which)
+{
+	switch (which) {
+	case EMM_COUNT_PASS_HOST_ALLOC:
+	case EMM_COUNT_PASS_HOST_FREE:
+		return EMM_TRACE_PINNED;
+	case EMM_COUNT_MANAGED_ALLOC:
+		return EMM_TRACE_MANAGED;
+	default:
+		return EMM_TRACE_DEVICE;
+	}
+}
+
 void emm_serve_passed_alloc(enum emm_state_counter which, int result, emm_addr_t addr, size_t size,
                             const void *stream)
 {
-	if (result == 0) {
+	/* Counted and traced alike: a success with memory behind it (a
+	 * driver that answers a 0-byte request with success and NULL gives
+	 * nothing to free). Failures the driver returned are its own. */
+	if (result == 0 && size && addr) {
 		emm_state_count(which);
-		trace(EMM_TRACE_ALLOCATE, addr, size, stream);
-	} else if (result == -ENOMEM) {
-		trace(EMM_TRACE_ALLOCATE_FAILURE, 0, size, stream);
+		trace(EMM_TRACE_ALLOCATE, addr, size, stream, memory_of(which));
 	}
 }
 
@@ -121,7 +181,7 @@ void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const 
 {
 	if (addr) {
 		emm_state_count(which);
-		trace(EMM_TRACE_FREE, addr, 0, stream);
+		trace(EMM_TRACE_FREE, addr, 0, stream, memory_of(which));
 	}
 }
 

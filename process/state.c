@@ -205,17 +205,14 @@ static void state_init(void)
 		         st_backend.path);
 		emm_options_print(opts, emm_options_sources());
 	}
-	if (opts->log_file[0]) {
-		ret = emm_trace_open(opts->log_file);
-		if (ret < 0 && ret != -EBUSY)
-			emm_warn("EMM_LOG: cannot open %s: %s (no trace is written)", opts->log_file,
-			         strerror(-ret));
-	}
+	st_trace_start();
 	atomic_fetch_add(&atexit_registrations, 1);
 	if (atexit(state_atexit) != 0)
 		emm_warn("atexit failed: EMM_STATS will not print");
 	st_guard_setup();
 	st_enabled = true;
+	st_snapshot_setup();
+	st_stats_signal_setup();
 out:
 	tls_in_init = false;
 	atomic_store_explicit(&st_init_done, true, memory_order_release);
@@ -284,8 +281,10 @@ static void fork_child(void)
 	st_guard_fork_child();
 	emm_fence_fork_child();
 	st_vmm_fork_child();
-	if (emm_trace_enabled())
-		emm_trace_fork_child();
+	st_trace_fork_child();
+	st_snapshot_fork_child();
+	st_stats_signal_fork_child();
+	st_ipc_fork_child();
 }
 
 __attribute__((constructor)) static void state_constructor(void)
@@ -307,8 +306,8 @@ static void state_atexit(void)
 	/* Registered up to MAX_ATEXIT times (see above): the first call to run
 	 * prints the statistics, every call flushes the trace. */
 	atomic_store(&st_exiting, true);
-	if (st_opts && st_opts->stats && !atomic_exchange(&stats_printed, true))
-		emm_stats_print_exit();
+	if (st_opts && !atomic_exchange(&stats_printed, true))
+		st_stats_exit_report();
 	emm_trace_flush();
 }
 
@@ -317,8 +316,7 @@ __attribute__((destructor)) static void state_destructor(void)
 	atomic_store(&st_exiting, true);
 	/* EMM_STATS=1 prints even when no CUDA call reached libemm (no exit
 	 * handler was registered then): the table says so. */
-	if (!atomic_load(&stats_printed) && (st_opts ? st_opts : emm_options_get())->stats &&
-	    !atomic_exchange(&stats_printed, true))
-		emm_stats_print_exit();
+	if (!atomic_load(&stats_printed) && !atomic_exchange(&stats_printed, true))
+		st_stats_exit_report();
 	emm_trace_close();
 }

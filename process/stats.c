@@ -3,7 +3,7 @@
  * process/stats.c - the counters kept outside any heap (pass-through,
  * refused and forwarded calls, process-wide and per device), the counters
  * of heaps already destroyed, and the walks over the live heaps that
- * statistics, cuMemGetInfo and the OOM report make.
+ * statistics and cuMemGetInfo make (the OOM report is oom_report.c's).
  *
  * A destroyed heap's counters are kept (`retired`) so that EMM_STATS still
  * shows a device whose context was reset before exit. The per-device
@@ -240,24 +240,6 @@ void emm_state_collect_stats(int device, struct emm_stats *out)
 	pthread_rwlock_unlock(&st_heap_life_lock);
 	emm_state_add_counter_stats(device, out);
 	st_vmm_add_stats(device, out);
-}
-
-void emm_state_report_oom(emm_heap_t *heap, size_t size)
-{
-	struct emm_stats s;
-	size_t idle = 0, largest = 0;
-
-	if (emm_state_options()->verbose < 1)
-		return;
-	memset(&s, 0, sizeof(s));
-	s.struct_size = sizeof(s);
-	emm_heap_add_stats(heap, &s);
-	emm_heap_idle_info(heap, &idle, &largest);
-	emm_warn("out of memory: %zu bytes requested on %s %d; libemm holds %llu bytes (%llu allocated, "
-	         "%zu idle, %llu pending), largest free block %zu bytes",
-	         size, emm_heap_device(heap) == -2 ? "pinned host heap" : "device", emm_heap_device(heap),
-	         (unsigned long long)s.reserved_bytes, (unsigned long long)s.allocated_bytes, idle,
-	         (unsigned long long)s.pending_bytes, largest);
 }
 
 void st_stats_fork_child(void)

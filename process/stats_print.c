@@ -15,12 +15,12 @@
 #include <string.h>
 
 #include "common/compiler.h"
+#include "common/format.h"
 #include "common/log.h"
 #include "emm/emm.h"
 #include "emm/emm_version.h"
 #include "allocator/trace.h"
 #include "process/process.h"
-#include "process/process_internal.h"
 #include "process/process_internal.h"
 
 void emm_state_stats_snapshot(int device, struct emm_stats *out)
@@ -74,6 +74,7 @@ int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_release
 	 * go back through the driver and fences may be recorded. */
 	emm_state_for_each_heap(release_one, &a, true);
 	a.released += (long long)st_vmm_release_idle(device);
+	a.released += (long long)st_ipc_release_retired(device);
 	if (a.released == 0 && a.error)
 		return a.error;
 	*ret_released = a.released;
@@ -81,24 +82,6 @@ int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_release
 }
 
 /* --- EMM_STATS --------------------------------------------------------- */
-
-/* "12.3 MiB" into buf. */
-static const char *human(uint64_t bytes, char *buf, size_t size)
-{
-	static const char *const units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-	double v = (double)bytes;
-	unsigned u = 0;
-
-	while (v >= 1024.0 && u + 1 < EMM_ARRAY_SIZE(units)) {
-		v /= 1024.0;
-		u++;
-	}
-	if (u == 0)
-		snprintf(buf, size, "%" PRIu64 " B", bytes);
-	else
-		snprintf(buf, size, "%.1f %s", v, units[u]);
-	return buf;
-}
 
 static void print_row(const char *label, const struct emm_stats *s)
 {
@@ -118,8 +101,8 @@ static void print_row(const char *label, const struct emm_stats *s)
 	snprintf(pass, sizeof(pass), "%" PRIu64 "/%" PRIu64, s->passthrough_allocs, s->passthrough_frees);
 	emm_info("%-7s %10" PRIu64 " %10" PRIu64 " %6s %13s %8" PRIu64 " %6" PRIu64 " %11s %11s %6s %15s",
 	         label, s->allocs, s->hits, hit, backend, s->events_recorded, s->host_waits,
-	         human(s->allocated_bytes_peak, alloc_peak, sizeof(alloc_peak)),
-	         human(s->reserved_bytes_peak, reserved_peak, sizeof(reserved_peak)), frag, pass);
+	         emm_format_bytes(s->allocated_bytes_peak, alloc_peak, sizeof(alloc_peak)),
+	         emm_format_bytes(s->reserved_bytes_peak, reserved_peak, sizeof(reserved_peak)), frag, pass);
 }
 
 static bool row_used(const struct emm_stats *s)
@@ -204,8 +187,8 @@ void emm_stats_print_exit(void)
 		         " by the driver), %" PRIu64 " frees, %s idle, %" PRIu64 " deferrals made real, %" PRIu64
 		         " idle buffers given back",
 		         s.vmm_allocs, s.vmm_hits, s.vmm_allocs ? 100.0 * (double)s.vmm_hits / (double)s.vmm_allocs : 0.0,
-		         human(s.vmm_hit_bytes_total, hit_bytes, sizeof(hit_bytes)), s.vmm_misses, s.vmm_frees,
-		         human(s.vmm_idle_bytes, idle, sizeof(idle)), s.vmm_materializations, s.vmm_idle_released);
+		         emm_format_bytes(s.vmm_hit_bytes_total, hit_bytes, sizeof(hit_bytes)), s.vmm_misses, s.vmm_frees,
+		         emm_format_bytes(s.vmm_idle_bytes, idle, sizeof(idle)), s.vmm_materializations, s.vmm_idle_released);
 		if (s.pool_allocs || s.pool_creates || s.pool_destroys)
 			emm_info("explicit pools (passed through): %" PRIu64 " allocations, %" PRIu64
 			         " pools created, %" PRIu64 " destroyed",

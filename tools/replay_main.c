@@ -40,6 +40,8 @@ static void usage(FILE *out)
 		"  --compare SETTING...  replay once per SETTING and print one Markdown table; a SETTING is\n"
 		"                        'EMM_NAME=value' (several separated by spaces in one argument),\n"
 		"                        or 'default'\n"
+		"  --snapshot FILE       write the heap at the end of the replay (or at its failure) and the\n"
+		"                        replayed events as a PyTorch memory snapshot (pytorch.org/memory_viz)\n"
 		"  --timeline FILE       write the bytes after each event as CSV (- for stdout):\n"
 		"                        Line,Time,Thread,Action,Size,Requested,Allocated,Reserved\n"
 		"  --one-thread          replay every event on one thread (default: one replay thread per\n"
@@ -149,25 +151,26 @@ static int setting_parse(const char *text, struct setting *s, char *buf, size_t 
 	return 0;
 }
 
-/* libemm does not yet refuse segment sizes larger than the device at
- * start-up; say what that means for this replay. */
+/* Segment sizes larger than the simulated device: libemm refuses them at
+ * start-up (using half the device instead), and the replay does the same;
+ * say so. */
 static void warn_segments(const struct replay_setup *s)
 {
-	char a[32], b[32];
+	struct emm_heap_params p = s->params;
+	char a[32], b[32], c[32];
 
-	if (!s->capacity)
+	if (!s->capacity || !emm_heap_params_fit(&p, s->capacity))
 		return;
-	if (s->params.large_segment > s->capacity)
-		fprintf(stderr,
-			"emm-replay: note: EMM_LARGE_SEGMENT (%s) is larger than the simulated device (%s): "
-			"requests from EMM_SMALL_SIZE up to half of it cannot be served (set a smaller "
-			"EMM_LARGE_SEGMENT)\n",
+	if (p.large_segment != s->params.large_segment)
+		fprintf(stderr, "emm-replay: note: EMM_LARGE_SEGMENT (%s) is larger than the simulated device (%s): "
+			"libemm refuses it and uses %s, and so does this replay\n",
 			replay_format_size(s->params.large_segment, a, sizeof(a)),
-			replay_format_size(s->capacity, b, sizeof(b)));
-	else if (s->params.small_segment > s->capacity)
-		fprintf(stderr, "emm-replay: note: EMM_SMALL_SEGMENT (%s) is larger than the simulated device (%s)\n",
+			replay_format_size(s->capacity, b, sizeof(b)), replay_format_size(p.large_segment, c, sizeof(c)));
+	if (p.small_segment != s->params.small_segment)
+		fprintf(stderr, "emm-replay: note: EMM_SMALL_SEGMENT (%s) is larger than the simulated device (%s): "
+			"libemm refuses it and uses %s, and so does this replay\n",
 			replay_format_size(s->params.small_segment, a, sizeof(a)),
-			replay_format_size(s->capacity, b, sizeof(b)));
+			replay_format_size(s->capacity, b, sizeof(b)), replay_format_size(p.small_segment, c, sizeof(c)));
 }
 
 static int run_or_report(struct replayer *rp, const struct replay_setup *setup, struct replay_result *res)
@@ -209,7 +212,7 @@ static int compare(struct replayer *rp, struct setting *settings, size_t count, 
 /* --min-capacity: bisect in steps between 0 and the peak reserved of an
  * unconstrained replay, then check the answer and one step below. */
 static int min_capacity(struct replayer *rp, struct replay_setup *setup, uint64_t step,
-			const struct replay_trace *t, const char *timeline)
+			const struct replay_trace *t, const char *timeline, const char *snapshot)
 {
 	struct replay_result res, below;
 	uint64_t lo, hi, answer;
@@ -247,9 +250,11 @@ static int min_capacity(struct replayer *rp, struct replay_setup *setup, uint64_
 	/* The check: at the answer, and one step below. */
 	setup->capacity = answer;
 	setup->timeline = timeline != NULL;
+	setup->snapshot = snapshot;
 	if (run_or_report(rp, setup, &res) < 0)
 		return 2;
 	setup->timeline = false;
+	setup->snapshot = NULL;
 	printf("minimum capacity %s (%llu B), in steps of %s, after %u replays\n",
 	       replay_format_mib(answer, a, sizeof(a)), (unsigned long long)answer,
 	       replay_format_mib(step, b, sizeof(b)), runs + 1);
@@ -302,7 +307,7 @@ static int parse_size_arg(const char *opt, const char *value, uint64_t *ret)
 
 int main(int argc, char **argv)
 {
-	const char *trace_path = NULL, *timeline = NULL;
+	const char *trace_path = NULL, *timeline = NULL, *snapshot = NULL;
 	const char *compare_texts[MAX_SETTINGS];
 	static struct setting settings[MAX_SETTINGS];
 	static char buffers[MAX_SETTINGS][1024];
@@ -340,6 +345,12 @@ int main(int argc, char **argv)
 				return 2;
 			}
 			timeline = argv[++i];
+		} else if (strcmp(a, "--snapshot") == 0) {
+			if (i + 1 >= argc) {
+				fprintf(stderr, "emm-replay: error: --snapshot wants a file\n");
+				return 2;
+			}
+			snapshot = argv[++i];
 		} else if (strcmp(a, "--compare") == 0) {
 			comparing = true;
 			while (i + 1 < argc && (strncmp(argv[i + 1], "EMM_", 4) == 0 ||
@@ -369,8 +380,9 @@ int main(int argc, char **argv)
 		fprintf(stderr, "emm-replay: error: --compare wants settings like 'EMM_ARENAS=1' 'EMM_ARENAS=8'\n");
 		return 2;
 	}
-	if (comparing && (find_min || timeline)) {
-		fprintf(stderr, "emm-replay: error: --compare goes with neither --min-capacity nor --timeline\n");
+	if (comparing && (find_min || timeline || snapshot)) {
+		fprintf(stderr, "emm-replay: error: --compare goes with none of --min-capacity, --timeline, "
+			"--snapshot\n");
 		return 2;
 	}
 	/* Every setting is checked before the trace is read. */
@@ -396,10 +408,11 @@ int main(int argc, char **argv)
 		status = compare(rp, settings, ncompare, capacity, &trace);
 	} else if (find_min) {
 		settings[0].setup.capacity = capacity;
-		status = min_capacity(rp, &settings[0].setup, step, &trace, timeline);
+		status = min_capacity(rp, &settings[0].setup, step, &trace, timeline, snapshot);
 	} else {
 		settings[0].setup.capacity = capacity;
 		settings[0].setup.timeline = timeline != NULL;
+		settings[0].setup.snapshot = snapshot;
 		warn_segments(&settings[0].setup);
 		if (run_or_report(rp, &settings[0].setup, &res) < 0) {
 			status = 2;

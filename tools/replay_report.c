@@ -57,6 +57,10 @@ void replay_print_trace(FILE *out, const char *path, const struct replay_trace *
 	fprintf(out, "traced peak      %s (%llu B) live at once, as the program asked\n",
 		replay_format_size(t->peak_requested, peak, sizeof(peak)),
 		(unsigned long long)t->peak_requested);
+	if (t->other_memory)
+		fprintf(out, "host memory      %zu pinned-host or managed events: skipped (the replay models the "
+			     "device)\n",
+			t->other_memory);
 	if (t->unmatched_frees)
 		fprintf(out, "untraced frees   %zu frees of pointers the trace never allocated "
 			     "(tracing started late): skipped\n",

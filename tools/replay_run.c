@@ -21,6 +21,8 @@
 #include <time.h>
 
 #include "allocator/backend_loader.h"
+#include "allocator/heap_options.h"
+#include "tools/replay_snapshot.h"
 
 struct worker {
 	struct replayer *rp;
@@ -338,7 +340,12 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 	    .alloc = b.loaded.table->segment_alloc,
 	    .free = b.loaded.table->segment_free,
 	};
-	r = emm_heap_create(&setup->params, &src, NULL, 0, &run.heap);
+	/* Segment sizes the device cannot hold are cut as libemm cuts them. */
+	struct emm_heap_params params = setup->params;
+	size_t dev_free = 0, dev_total = 0;
+	if (b.loaded.table->mem_info && b.loaded.table->mem_info(b.state, &dev_free, &dev_total) == 0)
+		emm_heap_params_fit(&params, dev_total);
+	r = emm_heap_create(&params, &src, NULL, 0, &run.heap);
 	if (r < 0) {
 		snprintf(err, err_size, "cannot create the heap (%s)", strerror(-r));
 		backend_close(&b);
@@ -359,6 +366,8 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 	res->wall_seconds = now_seconds() - t0;
 
 	emm_heap_add_stats(run.heap, &res->stats);
+	if (setup->snapshot && (r = replay_write_snapshot(setup->snapshot, t, run.heap, run.addr, res)) < 0)
+		snprintf(err, err_size, "cannot write the snapshot %s (%s)", setup->snapshot, strerror(-r));
 	emm_heap_destroy(run.heap, true);
 	backend_close(&b);
 out:

@@ -35,6 +35,7 @@ struct replay_setup {
 	const char *backend_options; /* EMM_BACKEND_OPTIONS ("" or NULL) */
 	uint64_t capacity;	     /* hostsim's capacity= (appended); 0: the backend's default */
 	bool timeline;		     /* keep per-event bytes in the result */
+	const char *snapshot;	     /* write a memory snapshot here at the end (NULL: none) */
 };
 
 struct replay_result {

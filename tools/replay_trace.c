@@ -196,7 +196,7 @@ static int add_thread(struct loader *ld, uint64_t tid, uint32_t *ret)
 /* One CSV line (already without its newline). 0, 1 (skipped), or -errno. */
 static int parse_line(struct loader *ld, char *line, unsigned lineno)
 {
-	char *field[6], *p = line;
+	char *field[7], *p = line;
 	struct replay_event ev = {.line = lineno, .match = REPLAY_NO_MATCH};
 	enum replay_action action;
 	uint64_t tid, stream, t;
@@ -209,18 +209,25 @@ static int parse_line(struct loader *ld, char *line, unsigned lineno)
 		return 1;
 	if (strncasecmp(line, "Thread,", 7) == 0)
 		return 1; /* the header (also where a forked child's trace repeats it) */
-	for (p = line; n < 6; n++) {
+	for (p = line; n < 7; n++) {
 		field[n] = p;
 		p = strchr(p, ',');
 		if (!p)
 			break;
 		*p++ = '\0';
 	}
-	if (n != 5 || p)
-		return fail(ld, lineno, "expected 6 comma-separated columns "
-				       "(Thread,Time,Action,Pointer,Size,Stream)");
-	for (int i = 0; i < 6; i++)
+	if ((n != 5 && n != 6) || p)
+		return fail(ld, lineno, "expected 6 or 7 comma-separated columns "
+				       "(Thread,Time,Action,Pointer,Size,Stream[,Memory])");
+	for (int i = 0; i <= n; i++)
 		field[i] = trim(field[i]);
+	/* libemm's Memory column: only device memory is replayed. */
+	if (n == 6 && *field[6] && strcasecmp(field[6], "device") != 0) {
+		if (strcasecmp(field[6], "pinned") != 0 && strcasecmp(field[6], "managed") != 0)
+			return fail(ld, lineno, "bad Memory '%s' (want device, pinned or managed)", field[6]);
+		ld->t->other_memory++;
+		return 1;
+	}
 	if (parse_number(field[0], &tid) < 0)
 		return fail(ld, lineno, "bad Thread '%s'", field[0]);
 	if (parse_time(field[1], &of_day, &t) < 0)

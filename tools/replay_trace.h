@@ -3,13 +3,15 @@
  * tools/replay_trace.h - reading an allocation trace for emm-replay: the CSV
  * in RMM's logging_resource_adaptor columns
  *
- *     Thread,Time,Action,Pointer,Size,Stream
+ *     Thread,Time,Action,Pointer,Size,Stream[,Memory]
  *
  * as libemm's EMM_LOG writes it (Time in seconds since the epoch, pointers
  * and streams in 0x hex) or as RMM writes it (Time as HH:MM:SS.ffffff,
  * "(nil)" for null pointers). Actions: "allocate", "free" (RMM's docs also
  * say "deallocate"), "allocate failure". A header line, blank lines and
- * '#' comments are skipped. Numbers with 0x are hex, "(nil)" is 0, other
+ * '#' comments are skipped. libemm adds a seventh column, Memory ("device",
+ * "pinned" or "managed"); only device events are replayed, the others are
+ * counted and skipped. Numbers with 0x are hex, "(nil)" is 0, other
  * numbers are decimal (RMM's own replay reads the hex Stream column as
  * decimal; this reader does not).
  *
@@ -50,6 +52,7 @@ struct replay_trace {
 	size_t nthreads;
 	size_t nstreams;	     /* distinct stream values */
 	size_t unmatched_frees;	     /* frees of pointers never allocated in the trace */
+	size_t other_memory;	     /* pinned-host and managed events, skipped */
 	size_t allocs, frees, failures;
 	uint64_t peak_requested;     /* most bytes live at once, as traced */
 };

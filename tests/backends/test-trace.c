@@ -72,7 +72,7 @@ TEST_BEGIN(test_threads_roundtrip)
 	f = fopen(path, "r");
 	assert_ptr_not_null(f);
 	assert_ptr_not_null(fgets(line, sizeof(line), f));
-	expect_str_eq(line, "Thread,Time,Action,Pointer,Size,Stream\n");
+	expect_str_eq(line, "Thread,Time,Action,Pointer,Size,Stream,Memory\n");
 	while (fgets(line, sizeof(line), f)) {
 		long tid;
 		uint64_t sec, usec, ptr, size, stream;
@@ -81,10 +81,10 @@ TEST_BEGIN(test_threads_roundtrip)
 		unsigned t;
 
 		lines++;
-		/* Thread,sec.usec,action,0xptr,size,0xstream */
+		/* Thread,sec.usec,action,0xptr,size,0xstream,device */
 		if (sscanf(line,
 		           "%ld,%" SCNu64 ".%6" SCNu64 ",%31[a-z ],0x%" SCNx64 ",%" SCNu64 ",0x%" SCNx64
-		           "\n%n",
+		           ",device\n%n",
 		           &tid, &sec, &usec, action, &ptr, &size, &stream, &consumed) != 7 ||
 		    consumed != (int)strlen(line) || stream >= THREADS) {
 			if (bad++ < 5)
@@ -154,7 +154,7 @@ TEST_BEGIN(test_open_close)
 	assert_int_eq(emm_trace_open(other), 0);
 	emm_trace_close();
 	assert_int_eq(stat(other, &st), 0);
-	expect_int_eq(st.st_size, strlen("Thread,Time,Action,Pointer,Size,Stream\n"));
+	expect_int_eq(st.st_size, strlen("Thread,Time,Action,Pointer,Size,Stream,Memory\n"));
 
 	/* flush writes what is buffered without closing */
 	assert_int_eq(emm_trace_open(other), 0);
@@ -165,7 +165,7 @@ TEST_BEGIN(test_open_close)
 	n = fread(buf, 1, sizeof(buf) - 1, f);
 	buf[n] = '\0';
 	fclose(f);
-	expect_true(strstr(buf, ",allocate,0x7f0000000200,4096,0x0\n") != NULL);
+	expect_true(strstr(buf, ",allocate,0x7f0000000200,4096,0x0,device\n") != NULL);
 	emm_trace_close();
 }
 TEST_END

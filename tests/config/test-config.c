@@ -6,7 +6,9 @@
  * in a temporary file and checked line by line.
  */
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -97,7 +99,7 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->epoch_bytes == b->epoch_bytes && a->pending_limit == b->pending_limit && a->meminfo_cached == b->meminfo_cached &&
 	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas &&
 	       a->teardown_wait == b->teardown_wait && a->vmm == b->vmm &&
-	       a->vmm_reap_ms == b->vmm_reap_ms;
+	       a->vmm_reap_ms == b->vmm_reap_ms && strcmp(a->ipc_dir, b->ipc_dir) == 0;
 }
 
 /* ------------------------------------------------------------------------
@@ -131,6 +133,7 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_true(o->pinned);
 	expect_true(o->runtime_shims);
 	expect_int_eq(o->vmm, EMM_OPT_VMM_CACHE);
+	expect_str_eq(o->ipc_dir, "/dev/shm");
 }
 
 TEST_BEGIN(test_defaults_when_unset)
@@ -163,6 +166,8 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_DISABLE=yes",
 		"EMM_VERBOSE=3",
 		"EMM_STATS=ON",
+		"EMM_STATS_SIGNAL=SIGUSR2",
+		"EMM_SNAPSHOT=/tmp/emm-%p.pickle",
 		"EMM_LOG=/tmp/emm trace.csv",
 		"EMM_BACKEND=/opt/emm/libemm-backend-vmm.so",
 		"EMM_BACKEND_OPTIONS=granularity=2M,foo=bar",
@@ -185,6 +190,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_TEARDOWN_WAIT=250",
 		"EMM_VMM=Count",
 		"EMM_VMM_REAP_MS=250",
+		"EMM_IPC_DIR=/run/user/1000",
 		NULL,
 	};
 	struct parsed p;
@@ -197,6 +203,9 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_true(p.o.disable);
 	expect_int_eq(p.o.verbose, 3);
 	expect_true(p.o.stats);
+	expect_false(p.o.stats_json);
+	expect_int_eq(p.o.stats_signal, SIGUSR2);
+	expect_str_eq(p.o.snapshot_file, "/tmp/emm-%p.pickle");
 	expect_str_eq(p.o.log_file, "/tmp/emm trace.csv");
 	expect_str_eq(p.o.backend, "/opt/emm/libemm-backend-vmm.so");
 	expect_str_eq(p.o.backend_options, "granularity=2M,foo=bar");
@@ -219,6 +228,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.runtime_shims);
 	expect_int_eq(p.o.arenas, 4);
 	expect_int_eq(p.o.vmm, EMM_OPT_VMM_COUNT);
+	expect_str_eq(p.o.ipc_dir, "/run/user/1000");
 	for (int i = 0; i < EMM_OPT__COUNT; i++)
 		expect_int_eq(p.src[i], EMM_OPTION_ENV);
 }
@@ -229,11 +239,11 @@ TEST_BEGIN(test_option_names)
 	/* The names the table gives follow enum order (the table also checks
 	 * this at compile time). */
 	static const char *const names[EMM_OPT__COUNT] = {
-		"DISABLE",	 "VERBOSE",	"STATS",	  "LOG",	       "BACKEND",
+		"DISABLE",	 "VERBOSE",	"STATS",	  "STATS_SIGNAL", "SNAPSHOT", "LOG", "BACKEND",
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "PENDING_LIMIT", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",	 "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS",
+		"ARENAS",	 "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "IPC_DIR",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 
@@ -248,6 +258,67 @@ TEST_END
 /* ------------------------------------------------------------------------
  * The grammar, through the exposed helpers
  * ------------------------------------------------------------------------ */
+
+TEST_BEGIN(test_parse_stats)
+{
+	static const struct {
+		const char *in;
+		int ret;
+		bool on, json;
+		const char *file;
+	} cases[] = {
+		{"1", 0, true, false, ""},		{"off", 0, false, false, ""},
+		{"table", 0, true, false, ""},		{"JSON", 0, true, true, ""},
+		{"/tmp/s.json", 0, true, true, "/tmp/s.json"}, {"stats-%p.json", 0, true, true, "stats-%p.json"},
+		{"./stats", 0, true, true, "./stats"},	{"yes please", -EINVAL, false, false, ""},
+		{"stats.txt", -EINVAL, false, false, ""}, {"", -EINVAL, false, false, ""},
+	};
+
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(cases); i++) {
+		bool on = !cases[i].on, json = !cases[i].json;
+		char file[64] = "untouched";
+
+		expect_int_eq(emm_parse_stats(cases[i].in, &on, &json, file, sizeof(file)), cases[i].ret);
+		if (cases[i].ret < 0) {
+			expect_str_eq(file, "untouched");
+			continue;
+		}
+		expect_int_eq(on, cases[i].on);
+		expect_int_eq(json, cases[i].json);
+		expect_str_eq(file, cases[i].file);
+	}
+}
+TEST_END
+
+TEST_BEGIN(test_parse_signal)
+{
+	static const struct {
+		const char *in;
+		int ret;
+		unsigned sig;
+	} cases[] = {
+		{"SIGUSR2", 0, SIGUSR2}, {"usr1", 0, SIGUSR1}, {"12", 0, 12},	 {"off", 0, 0},
+		{"SigHup", 0, SIGHUP},	 {"RTMIN+2", 0, 0},	{"9", -EINVAL, 0}, {"SIGKILL", -EINVAL, 0},
+		{"SIGSEGV", -EINVAL, 0}, {"11", -EINVAL, 0},	{"USR3", -EINVAL, 0}, {"", -EINVAL, 0},
+		{"999", -EINVAL, 0},
+	};
+	char name[32];
+
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(cases); i++) {
+		unsigned sig = 777;
+		unsigned want = strcmp(cases[i].in, "RTMIN+2") == 0 ? (unsigned)SIGRTMIN + 2 : cases[i].sig;
+
+		expect_int_eq(emm_parse_signal(cases[i].in, &sig), cases[i].ret);
+		expect_int_eq(sig, cases[i].ret < 0 ? 777u : want);
+	}
+	emm_format_signal(SIGUSR2, name, sizeof(name));
+	expect_str_eq(name, "SIGUSR2");
+	emm_format_signal((unsigned)SIGRTMIN + 1, name, sizeof(name));
+	expect_str_eq(name, "SIGRTMIN+1");
+	emm_format_signal(0, name, sizeof(name));
+	expect_str_eq(name, "off");
+}
+TEST_END
 
 TEST_BEGIN(test_parse_bool)
 {
@@ -821,11 +892,14 @@ TEST_END
 TEST_BEGIN(test_secure_mode)
 {
 	static const char *const env[] = {"EMM_BACKEND=/tmp/evil.so", "EMM_LOG=/etc/passwd",
-					  "EMM_BACKEND_OPTIONS=x=1", "EMM_VERBOSE=1", NULL};
+					  "EMM_BACKEND_OPTIONS=x=1", "EMM_VERBOSE=1", "EMM_IPC_DIR=/tmp/evil", NULL};
 	struct parsed p;
 
 	parse_env_mode(&p, env, true);
-	expect_int_eq(p.lines, 2);
+	expect_int_eq(p.lines, 3);
+	expect_true(strstr(p.log, "emm: warning: EMM_IPC_DIR is ignored in a setuid/setgid program; using "
+				  "default /dev/shm\n") != NULL);
+	expect_str_eq(p.o.ipc_dir, "/dev/shm");
 	expect_true(strstr(p.log, "emm: warning: EMM_BACKEND is ignored in a setuid/setgid program; using "
 				  "default driver\n") != NULL);
 	expect_true(strstr(p.log, "emm: warning: EMM_LOG is ignored in a setuid/setgid program; using "
@@ -843,6 +917,7 @@ TEST_BEGIN(test_secure_mode)
 	expect_int_eq(p.lines, 0);
 	expect_str_eq(p.o.backend, "/tmp/evil.so");
 	expect_str_eq(p.o.log_file, "/etc/passwd");
+	expect_str_eq(p.o.ipc_dir, "/tmp/evil");
 
 	/* This test program is not setuid: emm_options_parse is not secure. */
 	capture_begin();
@@ -1021,7 +1096,7 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_defaults_when_unset, test_every_option_from_env, test_option_names,
-			    test_parse_bool, test_parse_size, test_parse_uint, test_invalid_bools,
+			    test_parse_bool, test_parse_size, test_parse_stats, test_parse_signal, test_parse_uint, test_invalid_bools,
 			    test_invalid_sizes, test_invalid_uints, test_invalid_enum, test_invalid_strings,
 			    test_warning_text, test_size_forms_in_env, test_uint_and_enum_forms_in_env,
 			    test_first_occurrence_wins, test_several_bad_values, test_cross_option_checks,

@@ -530,29 +530,44 @@ TEST_BEGIN(test_release_idle)
 }
 TEST_END
 
-TEST_BEGIN(test_ipc_sub_allocated_refused)
+TEST_BEGIN(test_ipc_handles_of_blocks)
 {
-	CUdeviceptr a, b;
-	CUipcMemHandle h;
+	CUdeviceptr a, b, w, q;
+	CUipcMemHandle ha, ha2, hb, hw;
 
-	/* An empty pool: both blocks come from one fresh small segment. */
+	/* An empty pool: both blocks come from one fresh small segment. Each
+	 * gets a libemm handle of its own (the driver's handle would name
+	 * the whole segment); the same block exported twice, the same handle.
+	 * tests/shims/test_shims_ipc.c opens them in other processes. */
+	const char *backend = getenv("EMM_BACKEND");
+	bool shareable = !backend || !*backend || strcmp(backend, "driver") == 0;
+	CUresult want = shareable ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
 	(void)shims_release_idle(-1, 0);
 	assert_int_eq(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&b, 4096), CUDA_SUCCESS);
-	/* Neither may be exported: the importer would map the whole segment,
-	 * the other block with it - also the one at the segment's start. */
-	expect_int_eq(cuIpcGetMemHandle(&h, a < b ? a : b), CUDA_ERROR_NOT_SUPPORTED);
-	expect_int_eq(cuIpcGetMemHandle(&h, a < b ? b : a), CUDA_ERROR_NOT_SUPPORTED);
+	expect_int_eq(cuIpcGetMemHandle(&ha, a), want);
+	expect_int_eq(cuIpcGetMemHandle(&ha2, a + 100), want); /* interior: the block's handle */
+	expect_int_eq(cuIpcGetMemHandle(&hb, b), want);
+	if (shareable) {
+		expect_true(memcmp(ha.reserved, "libemm-ipc-blk1", 16) == 0);
+		expect_true(memcmp(&ha, &ha2, sizeof(ha)) == 0);
+		expect_true(memcmp(&ha, &hb, sizeof(ha)) != 0);
+		/* This process exported it: the driver's answer for the segment. */
+		expect_int_eq(cuIpcOpenMemHandle(&q, ha, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_ERROR_INVALID_CONTEXT);
+	}
+	expect_int_eq(cuIpcGetMemHandle(NULL, a), CUDA_ERROR_INVALID_VALUE);
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	/* Freed (its segment still cached): the driver's answer for freed
+	 * memory, never the segment's handle. */
+	expect_int_eq(cuIpcGetMemHandle(&ha, a), CUDA_ERROR_INVALID_VALUE);
 	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
 	/* A block that is its whole segment (12 MiB: a segment of its own,
-	 * rounded to 2 MiB, nothing left over) opens at its own bytes - where
-	 * the backend's memory can be shared at all (the driver backend's). */
-	const char *backend = getenv("EMM_BACKEND");
-	bool shareable = !backend || !*backend || strcmp(backend, "driver") == 0;
-	assert_int_eq(cuMemAlloc(&a, (size_t)12 << 20), CUDA_SUCCESS);
-	expect_int_eq(cuIpcGetMemHandle(&h, a), shareable ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED);
-	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	 * rounded to 2 MiB, nothing left over): the driver's own handle. */
+	assert_int_eq(cuMemAlloc(&w, (size_t)12 << 20), CUDA_SUCCESS);
+	expect_int_eq(cuIpcGetMemHandle(&hw, w), want);
+	if (shareable)
+		expect_true(memcmp(hw.reserved, "FAKEIPC1", 8) == 0);
+	assert_int_eq(cuMemFree(w), CUDA_SUCCESS);
 }
 TEST_END
 
@@ -916,7 +931,7 @@ int main(int argc, char **argv)
 	    test_fence_blocks_reuse_until_events_complete,
 	    test_fence_without_nonblocking_streams_reuses_at_once, test_failed_stream_destroy_keeps_stream,
 	    test_new_nonblocking_stream_waits_on_last_fence, test_steady_state_costs, test_capture,
-	    test_meminfo_counts_idle_cache, test_release_idle, test_ipc_sub_allocated_refused,
+	    test_meminfo_counts_idle_cache, test_release_idle, test_ipc_handles_of_blocks,
 	    test_oom_and_retry, test_bad_frees_counted, test_threads, test_fork_child_starts_empty,
 	    test_trace_file, test_context_teardown, test_teardown_wait_is_bounded, NULL);
 }

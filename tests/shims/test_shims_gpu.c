@@ -7,7 +7,7 @@
  * Checks what only the real driver can answer: the same error codes with
  * and without libemm for the fixed call sequence of shims_codes.h; a
  * global-mode stream capture that libemm's frees and allocations leave
- * valid; pool serving, data, ranges and IPC refusals; frees after main
+ * valid; pool serving, data, ranges and IPC handles; frees after main
  * returns. Prints the host cost of a cached cuMemAlloc+cuMemFree pair (and
  * the async and pinned pairs) with libemm and, from a child run with
  * EMM_DISABLE=1, without it.
@@ -199,29 +199,43 @@ TEST_BEGIN(test_capture_stays_valid)
 }
 TEST_END
 
-TEST_BEGIN(test_ipc_refused_for_sub_allocations)
+TEST_BEGIN(test_ipc_handles_of_blocks)
 {
 	long long (*rel)(int, size_t) = (long long (*)(int, size_t))dlsym(RTLD_DEFAULT, "emm_release_idle");
-	CUdeviceptr a, b;
-	CUipcMemHandle h;
+	CUdeviceptr a, b, q;
+	CUipcMemHandle ha, hb;
+	const char *backend = getenv("EMM_BACKEND");
+	bool shareable = !backend || !*backend || strcmp(backend, "driver") == 0;
+	CUresult want = shareable ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED;
 
 	assert_ptr_not_null(rel);
 	(void)rel(-1, 0);
 	assert_int_eq(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&b, 4096), CUDA_SUCCESS);
-	/* Neither may be exported: the importer would map the whole segment,
-	 * the other block with it - also the one at the segment's start. */
-	expect_int_eq(cuIpcGetMemHandle(&h, a < b ? a : b), CUDA_ERROR_NOT_SUPPORTED);
-	expect_int_eq(cuIpcGetMemHandle(&h, a < b ? b : a), CUDA_ERROR_NOT_SUPPORTED);
+	/* Blocks of one segment: a libemm handle each (tests/gpu/ipc_blocks.cu
+	 * opens them in other processes), also the one at the segment's start. */
+	expect_int_eq(cuIpcGetMemHandle(&ha, a), want);
+	expect_int_eq(cuIpcGetMemHandle(&hb, b), want);
+	if (shareable) {
+		expect_true(memcmp(ha.reserved, "libemm-ipc-blk1", 16) == 0);
+		expect_true(memcmp(&ha, &hb, sizeof(ha)) != 0);
+		/* Opened by the exporting process: the driver's own answer. */
+		expect_int_ne(cuIpcOpenMemHandle(&q, ha, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS), CUDA_SUCCESS);
+	}
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	/* Freed (its segment still cached): never the segment's handle; the
+	 * code the test double gives for memory nobody allocated (to confirm
+	 * against the driver's own answer for freed memory). */
+	expect_int_eq(cuIpcGetMemHandle(&ha, a), CUDA_ERROR_INVALID_VALUE);
 	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
 	/* A block that is its whole segment (12 MiB: a segment of its own,
-	 * rounded to 2 MiB, nothing left over) opens at its own bytes - where
-	 * the backend's memory can be shared at all (the driver backend's). */
-	const char *backend = getenv("EMM_BACKEND");
-	bool shareable = !backend || !*backend || strcmp(backend, "driver") == 0;
+	 * rounded to 2 MiB, nothing left over): the driver's own handle -
+	 * where the backend's memory can be shared at all (the driver
+	 * backend's). */
 	assert_int_eq(cuMemAlloc(&a, (size_t)12 << 20), CUDA_SUCCESS);
-	expect_int_eq(cuIpcGetMemHandle(&h, a), shareable ? CUDA_SUCCESS : CUDA_ERROR_NOT_SUPPORTED);
+	expect_int_eq(cuIpcGetMemHandle(&ha, a), want);
+	if (shareable)
+		expect_true(memcmp(ha.reserved, "libemm-ipc-blk1", 16) != 0);
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
 }
 TEST_END
@@ -268,5 +282,5 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	return emm_test_run(test_codes_match_driver, test_pool_serves_and_data, test_capture_stays_valid,
-	                    test_ipc_refused_for_sub_allocations, test_exit_frees, test_bench, NULL);
+	                    test_ipc_handles_of_blocks, test_exit_frees, test_bench, NULL);
 }

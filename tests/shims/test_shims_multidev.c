@@ -506,7 +506,7 @@ TEST_BEGIN(test_peer_codes_match_driver)
 	HAS("can_0_99                     101");
 	HAS("can_99_0                     101");
 	HAS("enable_flags                 1");
-	HAS("enable_self                  201");
+	HAS("enable_self                  217"); /* measured on 2 H200 */
 	HAS("enable_null                  201");
 	HAS("disable_not_enabled          705");
 	HAS("enable                       0");
@@ -514,13 +514,13 @@ TEST_BEGIN(test_peer_codes_match_driver)
 	HAS("enable_reverse               0");
 	HAS("copy_peer                    0");
 	HAS("copy_peer_interior           0");
-	HAS("copy_peer_bad_ctx            201");
+	HAS("copy_peer_bad_ctx            0"); /* by address: measured on 2 H200 */
 	HAS("copy_peer_async_stream       0");
 	HAS("disable                      0");
 	HAS("disable_again                705");
 	HAS("enable_created               0");
 	HAS("disable_destroyed            201");
-	HAS("copy_peer_destroyed          201");
+	HAS("copy_peer_destroyed          0"); /* by address, as the NULL context */
 	HAS("free_1_from_0                0");
 #undef HAS
 }

@@ -3,7 +3,8 @@
 # tests/tools/test-replay-cli.sh EMM_REPLAY DATADIR - the emm-replay command
 # as a user meets it: the report on both bundled traces, a failure's
 # description and exit status, --min-capacity's answer checked by replaying
-# at it and one step below, --compare's table, --timeline, bad input.
+# at it and one step below, --compare's table, --timeline, --snapshot, bad
+# input.
 # Ends with "N passed, N failed, N skipped".
 R=$1
 D=$2
@@ -77,7 +78,7 @@ if run 0 --timeline "$tmp/tl.csv" "$D/rmm-sample.csv" &&
 else bad "--timeline"; fi
 
 printf 'Thread,Time,Action,Pointer,Size,Stream\n1,1.0,allocate,0x1000,512,0x0\n1,1.1,allocate,0x2000\n' >"$tmp/bad.csv"
-if run 2 "$tmp/bad.csv" && has "bad.csv:3: expected 6 comma-separated columns"; then
+if run 2 "$tmp/bad.csv" && has "bad.csv:3: expected 6 or 7 comma-separated columns"; then
 	ok "a malformed line is named by file and line"
 else bad "malformed trace"; fi
 
@@ -85,6 +86,29 @@ if run 0 --help && has '^usage: emm-replay' && run 2 --frobnicate "$D/rmm-sample
 	run 2 && has '^usage:' && run 2 --capacity 12Q "$D/rmm-sample.csv" && has 'wants a size'; then
 	ok "usage: --help, unknown option, no trace, bad size"
 else bad "usage"; fi
+
+# --snapshot: PyTorch's snapshot format (tests/obs/snapshot_check.py), the
+# replayed events as trace entries; a failed replay's ends with an 'oom'.
+snapcheck() { # FILE MIN_ENTRIES ACTION (one of the entries) [last: the last one]
+	python3 - "$D/../obs" "$@" <<'PY'
+import pickle, sys
+sys.path.insert(0, sys.argv[1])
+import snapshot_check
+s = pickle.load(open(sys.argv[2], "rb"))
+bad = snapshot_check.problems(s)
+trace = s["device_traces"][0]
+acts = [e["action"] for e in trace]
+want = acts[-1:] == [sys.argv[4]] if sys.argv[5:] == ["last"] else sys.argv[4] in acts
+if bad or len(s["segments"]) == 0 or len(trace) < int(sys.argv[3]) or not want:
+    print(bad[:5], len(s["segments"]), len(trace), trace[-1:] if trace else None)
+    sys.exit(1)
+PY
+}
+if run 0 --snapshot "$tmp/s.pickle" "$D/synthetic-train.csv" && snapcheck "$tmp/s.pickle" 4000 free_completed >"$tmp/out" 2>&1 &&
+	run 1 --capacity 16M --snapshot "$tmp/f.pickle" "$D/synthetic-train.csv" && snapcheck "$tmp/f.pickle" 1 oom last >"$tmp/out" 2>&1 &&
+	run 2 --compare default 'EMM_ARENAS=1' --snapshot "$tmp/c.pickle" "$D/rmm-sample.csv" && has 'none of'; then
+	ok "--snapshot: the heap and the replayed events as a PyTorch snapshot, up to a failure"
+else bad "--snapshot"; fi
 
 # The bundled synthetic trace is what its generator writes.
 if python3 "$D/gen-synthetic-trace.py" -o "$tmp/synthetic.csv" && cmp -s "$tmp/synthetic.csv" "$D/synthetic-train.csv"; then

@@ -133,6 +133,40 @@ TEST_BEGIN(test_rmm_dialect)
 }
 TEST_END
 
+TEST_BEGIN(test_memory_column)
+{
+	struct replay_trace t;
+	char err[256] = "";
+
+	/* libemm's seventh column: pinned and managed events are skipped,
+	 * device events (and six-column lines) replayed. */
+	assert_int_eq(load("Thread,Time,Action,Pointer,Size,Stream,Memory\n"
+			   "1,1.000001,allocate,0x7f0000000000,2048,0x0,device\n"
+			   "1,1.000002,allocate,0x7e0000000000,4096,0x0,pinned\n"
+			   "1,1.000003,allocate,0x7d0000000000,8192,0x0,managed\n"
+			   "1,1.000004,free,0x7e0000000000,0,0x0,pinned\n"
+			   "1,1.000005,allocate,0x7f0000001000,512,0x0\n"
+			   "1,1.000006,free,0x7f0000000000,2048,0x0,device\n",
+			   &t, err, sizeof(err)),
+		       0);
+	expect_int_eq(t.count, 3);
+	expect_int_eq(t.other_memory, 3);
+	expect_int_eq(t.allocs, 2);
+	expect_int_eq(t.frees, 1);
+	expect_int_eq(t.unmatched_frees, 0);
+	replay_trace_free(&t);
+	expect_int_eq(load("Thread,Time,Action,Pointer,Size,Stream,Memory\n"
+			   "1,1.000001,allocate,0x7f0000000000,2048,0x0,texture\n",
+			   &t, err, sizeof(err)),
+		       -EINVAL);
+	expect_true(strstr(err, "bad Memory 'texture'") != NULL);
+	expect_int_eq(load("Thread,Time,Action,Pointer,Size,Stream,Memory\n"
+			   "1,1.000001,allocate,0x7f0000000000,2048,0x0,device,extra\n",
+			   &t, err, sizeof(err)),
+		       -EINVAL);
+}
+TEST_END
+
 TEST_BEGIN(test_malformed)
 {
 	struct replay_trace t;
@@ -245,6 +279,6 @@ TEST_END
 
 int main(void)
 {
-	return emm_test_run(test_map, test_libemm_dialect, test_rmm_dialect, test_malformed,
+	return emm_test_run(test_map, test_libemm_dialect, test_rmm_dialect, test_memory_column, test_malformed,
 			    test_replay_small_device, test_replay_unexpected_success, NULL);
 }
