@@ -10,7 +10,8 @@ Device memory (memalloc) and pinned host memory (memhostalloc) come from
 libemm's heaps; mempin stays the driver's (cuMemHostRegister, as in Numba's
 HostOnlyCUDAMemoryManager). get_memory_info reports libemm's books (idle
 cache counted as free); get_ipc_handle follows NBEP 7's offset protocol over
-the driver's address range of the pointer.
+the address range the driver reports: the segment without the preload, the
+block itself with it (libemm's IPC of any block).
 
 Deallocation: Numba's own manager defers cuMemFree into a queue because the
 real free waits for the whole device. libemm's free does not wait and is
