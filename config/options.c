@@ -686,3 +686,11 @@ const char *emm_option_name(enum emm_option_id id)
 {
 	return (size_t)id < EMM_ARRAY_SIZE(rows) ? rows[id].name : NULL;
 }
+
+void emm_option_format(enum emm_option_id id, const struct emm_options *opts, char *buf, size_t n)
+{
+	if ((size_t)id < EMM_ARRAY_SIZE(rows))
+		format_value(&rows[id], opts, buf, n);
+	else if (n)
+		buf[0] = '\0';
+}

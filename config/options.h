@@ -157,4 +157,8 @@ void emm_options_parse_secure(char *const *envp, struct emm_options *out, enum e
  * is out of range. */
 const char *emm_option_name(enum emm_option_id id);
 
+/* An option's value in `opts` as emm_options_print writes it ("64M",
+ * "fence"); "" when `id` is out of range. */
+void emm_option_format(enum emm_option_id id, const struct emm_options *opts, char *buf, size_t n);
+
 #endif

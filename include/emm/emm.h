@@ -107,6 +107,80 @@ int emm_stats_get(int device, struct emm_stats *out);
  */
 long long emm_release_idle(int device, size_t keep_bytes);
 
+/*
+ * === Allocation without LD_PRELOAD ===========================================
+ *
+ * The door for frameworks that load libemm with dlopen (Python's ctypes):
+ * PyTorch's CUDAPluggableAllocator, Numba's external memory manager, CuPy's
+ * allocator hook. Loaded that way libemm intercepts nothing: it finds the
+ * driver itself (libcuda.so.1) and serves only these calls. When it is also
+ * preloaded (the same file), both doors share one heap and one set of
+ * statistics.
+ *
+ * `device` is a CUDA device ordinal: the call runs in the context current
+ * on the calling thread if it is on that device, else in the device's
+ * primary context (retained once; the driver is initialised if nobody did).
+ * A negative device means the current context (device 0's primary one when
+ * none is current).
+ *
+ * `stream` is a CUstream or cudaStream_t (NULL: the legacy default stream).
+ * A block freed on a stream is reusable at once on that stream and on
+ * another only behind an event recorded on it, as with cuMemFreeAsync;
+ * EMM_STREAM_NONE frees like cuMemFree: fenced, without waiting for the
+ * device, against earlier work on the legacy and blocking streams and on
+ * every non-blocking stream libemm knows. Preloaded, it knows them all;
+ * loaded alone it knows the non-blocking streams passed to emm_device_alloc
+ * or emm_alloc (each looked up once, so such a stream must outlive libemm's
+ * use of it, as PyTorch's do). An allocation on a capturing stream is the
+ * driver's (a graph memory node, cuMemAllocAsync). Pointers libemm did not
+ * hand out, and everything under EMM_DISABLE=1, go to the driver.
+ */
+struct CUstream_st;
+
+/* "No stream": allocate for, or free behind, any stream (cuMemAlloc /
+ * cuMemFree semantics). */
+#define EMM_STREAM_NONE ((struct CUstream_st *)~(uintptr_t)0)
+
+/*
+ * Device memory of `size` bytes for use on `stream`: 0 and *ret_ptr;
+ * -EINVAL (size 0, NULL ret_ptr), -ENOMEM (out of memory after releasing
+ * the idle cache), -ENODEV (no driver, no such device), -EIO (another driver
+ * error). *ret_ptr is untouched on failure.
+ */
+int emm_device_alloc(size_t size, int device, struct CUstream_st *stream, void **ret_ptr);
+
+/* Free device memory from emm_device_alloc or emm_alloc (or any cuMemAlloc
+ * pointer, which goes to the driver) on `stream`. 0 (also for NULL);
+ * -EINVAL for a double or interior free; -ENODEV, -EIO as above. */
+int emm_device_free(void *ptr, int device, struct CUstream_st *stream);
+
+/* PyTorch's CUDAPluggableAllocator signatures, usable as they are:
+ *   torch.cuda.memory.CUDAPluggableAllocator(path, "emm_alloc", "emm_free")
+ * emm_alloc returns NULL on failure; emm_free ignores `size`. */
+void *emm_alloc(size_t size, int device, struct CUstream_st *stream);
+void emm_free(void *ptr, size_t size, int device, struct CUstream_st *stream);
+
+/* Pinned host memory (cuMemHostAlloc flags; 0 for cuMemAllocHost's), from
+ * the pinned caches, in the current context (device 0's primary context
+ * when none is current). Errors as emm_device_alloc. */
+int emm_host_alloc(size_t size, unsigned int flags, void **ret_ptr);
+int emm_host_free(void *ptr);
+
+/* Free and total bytes of `device`, idle cached memory counted as free
+ * (as cuMemGetInfo under the preload; EMM_MEMINFO_CACHED). 0 or -EINVAL,
+ * -ENODEV, -EIO; outputs untouched on failure. */
+int emm_mem_info(int device, size_t *ret_free, size_t *ret_total);
+
+/*
+ * The settings libemm runs with (from the EMM_* environment at its first
+ * use), one "EMM_NAME=value<TAB>source\n" line per option, source being
+ * default, env or invalid (a bad value: the default is used). Written into
+ * buf as snprintf does (at most size bytes, NUL-terminated when size > 0);
+ * returns the length of the whole text, so a caller can size its buffer
+ * with emm_settings(NULL, 0).
+ */
+size_t emm_settings(char *buf, size_t size);
+
 #ifdef __cplusplus
 }
 #endif

@@ -10,7 +10,15 @@
 #
 # Variants: PyTorch's caching allocator; its expandable segments; caching off
 # (PYTORCH_NO_CUDA_MEMORY_CACHING=1) under libemm with each backend named in
-# BACKENDS (default "driver"; e.g. "driver vmm"). Exit 77 without torch or a GPU.
+# BACKENDS (default "driver"; e.g. "driver vmm"); and, with "door" in
+# TORCH_TRAIN_VARIANTS, libemm as PyTorch's allocator through the Python
+# package without the preload (emm.torch.use(), stream-ordered). The variants
+# run, in each round, in the order TORCH_TRAIN_VARIANTS names them (default
+# "caching expandable emm"; "emm" is the preload with each backend):
+#
+#   TORCH_TRAIN_VARIANTS="caching door emm" tests/bench/run-torch-train.sh build-gpu 3
+#
+# Exit 77 without torch or a GPU.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 build=${1:-$here/../../build-rel}
@@ -18,13 +26,15 @@ rounds=${2:-3}
 backends=${3:-driver}
 lib=$(cd "$build" && pwd)/libemm.so
 steps=${TORCH_TRAIN_STEPS:-60}
+variants=${TORCH_TRAIN_VARIANTS:-caching expandable emm}
+pkg=$(cd "$here/../../python" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 run() { # NAME ENV...
 	local name=$1
 	shift
-	env -u LD_PRELOAD -u PYTORCH_NO_CUDA_MEMORY_CACHING -u PYTORCH_CUDA_ALLOC_CONF "$@" \
+	env -u LD_PRELOAD -u PYTORCH_NO_CUDA_MEMORY_CACHING -u PYTORCH_CUDA_ALLOC_CONF -u TORCH_TRAIN_DOOR "$@" \
 		python3 "$here/torch_train.py" "$name" --steps "$steps" >>"$tmp/out.txt" 2>"$tmp/err-$name.txt"
 	local rc=$?
 	if [ $rc -eq 77 ]; then
@@ -35,10 +45,16 @@ run() { # NAME ENV...
 }
 
 for r in $(seq 1 "$rounds"); do
-	run torch-caching
-	run torch-expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
-	for b in $backends; do
-		run "emm-$b" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$lib" EMM_BACKEND="$b"
+	for v in $variants; do
+		case $v in
+		caching) run torch-caching ;;
+		expandable) run torch-expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
+		door) run emm-door TORCH_TRAIN_DOOR=1 PYTHONPATH="$pkg" LIBEMM_PATH="$lib" ;;
+		emm) for b in $backends; do
+			run "emm-$b" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$lib" EMM_BACKEND="$b"
+		done ;;
+		*) echo "unknown variant '$v' (caching, expandable, door, emm)" >&2; exit 2 ;;
+		esac
 	done
 done
 cat "$tmp/out.txt" >&2
@@ -53,10 +69,12 @@ for line in open(sys.argv[1]):
 print("PyTorch training loop (6-layer transformer, d_model 1024, batch 16, sequence length 64-1023 changing "
       "every step, %s steps), median of %s interleaved rounds:" % (sys.argv[3], sys.argv[2]))
 print()
-print("| variant | steps/s | NVML peak GiB | last loss (each round) |")
-print("|---|---|---|---|")
+print("| variant | steps/s | NVML peak GiB | last loss (each round) | steps/s each round |")
+print("|---|---|---|---|---|")
 for name, rs in rows.items():
     sps = statistics.median(float(r["steps_per_s"]) for r in rs)
     peak = statistics.median(float(r["peak_nvml_gib"]) for r in rs)
-    print("| %s | %.2f | %.2f | %s |" % (name, sps, peak, " ".join(r["loss"] for r in rs)))
+    served = " (libemm served %s)" % rs[-1]["emm_allocs"] if "emm_allocs" in rs[-1] else ""
+    print("| %s%s | %.2f | %.2f | %s | %s |" % (name, served, sps, peak, " ".join(r["loss"] for r in rs),
+                                           " ".join(r["steps_per_s"] for r in rs)))
 PY

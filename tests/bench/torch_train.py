@@ -10,14 +10,19 @@ NVML's used device memory sampled by a thread every 2 ms. Prints one line
 variant (how PyTorch allocates) is chosen by the caller's environment:
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a cudaMalloc, served by
 libemm when it is preloaded), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
-or neither (PyTorch's caching allocator). tests/bench/run-torch-train.sh
+or neither (PyTorch's caching allocator); with --door (or TORCH_TRAIN_DOOR=1)
+libemm is PyTorch's allocator through the Python package without the
+preload (emm.torch.use(): CUDAPluggableAllocator over emm_alloc/emm_free;
+python/ on PYTHONPATH, LIBEMM_PATH naming libemm.so), and the line ends with
+emm_allocs=N (allocations libemm served). tests/bench/run-torch-train.sh
 runs the variants interleaved.
 
-    torch_train.py NAME [--steps N] [--seed S]
+    torch_train.py NAME [--steps N] [--seed S] [--door]
 Exit 77 without torch or a GPU.
 """
 import argparse
 import ctypes
+import os
 import sys
 import threading
 import time
@@ -59,6 +64,7 @@ def main():
     ap.add_argument("name")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--door", action="store_true", default=os.environ.get("TORCH_TRAIN_DOOR") == "1")
     args = ap.parse_args()
     try:
         import torch
@@ -68,6 +74,9 @@ def main():
     if not torch.cuda.is_available():
         print("SKIP: no GPU")
         return 77
+    if args.door:
+        import emm.torch
+        emm.torch.use()  # before the first CUDA allocation
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = False
     dev = torch.device("cuda:0")
@@ -95,8 +104,12 @@ def main():
     torch.cuda.synchronize()
     dt = time.perf_counter() - t0
     peak = finish()
-    print("TORCH-TRAIN variant=%s steps=%d steps_per_s=%.3f peak_nvml_gib=%.3f loss=%.6f"
-          % (args.name, len(lengths), len(lengths) / dt, peak / 2**30, loss_v), flush=True)
+    served = ""
+    if args.door:
+        import emm
+        served = " emm_allocs=%d" % emm.stats()["allocs"]
+    print("TORCH-TRAIN variant=%s steps=%d steps_per_s=%.3f peak_nvml_gib=%.3f loss=%.6f%s"
+          % (args.name, len(lengths), len(lengths) / dt, peak / 2**30, loss_v, served), flush=True)
     return 0
 
 

@@ -1,0 +1,2 @@
+def getDevice():
+    return 0

@@ -1,0 +1,2 @@
+# Stand-in for Numba (tests/python/stubs/README.md).
+STUB = True
