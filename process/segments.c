@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdint.h>
 
+#include "process/annotate.h"
 #include "process/process.h"
 #include "process/process_internal.h"
 
@@ -105,6 +106,10 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
 		st_tls_in_backend = false;
 	}
+	if (EMM_UNLIKELY(!atomic_load_explicit(&st_annotate_probed, memory_order_acquire)))
+		st_annotate_probe(); /* a context exists now, as a tool requires */
+	if (ret == 0 && !host)
+		st_annotate_heap(*ret_addr, size, true);
 	return ret;
 }
 
@@ -118,6 +123,8 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 	if (st_is_exiting())
 		return 0; /* the driver frees everything with the process */
 	st_assert_unlocked("a backend segment free");
+	if (!host)
+		st_annotate_heap(addr, size, false);
 	pushed = st_push_ctx(e->ctx);
 	st_tls_in_backend = true;
 	if (host)
@@ -176,7 +183,11 @@ static int st_device_segment_map(void *state, emm_addr_t seg, size_t seg_size, s
 
 static int st_device_segment_grow(void *state, emm_addr_t seg, size_t old_size, size_t new_size)
 {
-	return page_call(state, PAGE_GROW, seg, old_size, new_size, 0);
+	int ret = page_call(state, PAGE_GROW, seg, old_size, new_size, 0);
+
+	if (ret == 0)
+		st_annotate_heap_grow(seg, old_size, new_size);
+	return ret;
 }
 
 bool st_segment_pages(struct ctx_entry *e, struct emm_segment_pages *ret)

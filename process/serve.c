@@ -15,6 +15,7 @@
 #include "allocator/ptrmap.h"
 #include "allocator/trace.h"
 #include "common/log.h"
+#include "process/annotate.h"
 #include "process/process.h"
 #include "process/process_internal.h"
 
@@ -37,6 +38,7 @@ static int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const voi
 	if (r == 0) {
 		/* A graph being captured may use it (capture.c). */
 		emm_capture_note_alloc(addr, heap);
+		st_annotate_block(addr, true); /* a region for a memory checker */
 		trace(EMM_TRACE_ALLOCATE, addr, size, stream);
 		*ret_addr = addr;
 	} else if (r == -ENOMEM && report) {
@@ -97,6 +99,7 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 		return -ENOENT;
 	st_assert_unlocked("a free of a libemm block");
 	emm_state_enter();
+	st_annotate_block(addr, false); /* before the heap may hand it out again */
 	r = emm_state_free_block(addr, key, pinned, &requested);
 	emm_state_leave();
 	if (r == 0)
