@@ -20,6 +20,9 @@
  * keeps one flag, st_annotate_on, so that without a tool an annotation is a
  * load and a branch (annotate.h) and no NVTX code runs on the cached pair.
  *
+ * At exit (st_annotate_exit) idle segments go back, with a tool attached
+ * only, so that a leak check lists the program's own blocks.
+ *
  * Segments that grow in place (EMM_BACKEND=vmm) get one heap per grown
  * piece, remembered here so that the segment's free unregisters them all.
  * No NVTX call is made under a lock: a tool's handler may call the driver.
@@ -205,4 +208,16 @@ void st_annotate_block_slow(uint64_t addr, bool add)
 		};
 		nvtxMemRegionsUnregister(NULL, &batch);
 	}
+}
+
+void st_annotate_exit(void)
+{
+	static atomic_bool done;
+	long long released = 0;
+
+	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || atomic_exchange(&done, true) ||
+	    emm_state_exiting())
+		return;
+	(void)emm_state_release_idle(-1, 0, &released);
+	emm_debug("annotations: %lld idle bytes given back before the tool's leak check", released);
 }

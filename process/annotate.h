@@ -40,6 +40,13 @@ void st_annotate_block_slow(uint64_t addr, bool add);
  * own: the tool's heaps do not grow); the segment's free unregisters it. */
 void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size);
 
+/* At exit, with a tool attached only (a debugging run): idle segments go
+ * back to the backend before the tool's leak check, so that
+ * `compute-sanitizer --leak-check full` lists the program's unfreed blocks,
+ * not libemm's cache. The first exit handler of libemm runs before any
+ * runtime's teardown (state.c), so the driver is still there. */
+void st_annotate_exit(void);
+
 /* A device segment [addr, addr+size) came from the backend (add) or is
  * going back to it. */
 static inline void st_annotate_heap(uint64_t addr, size_t size, bool add)

@@ -10,7 +10,9 @@
  * is counted in fake_nvtx_errors.
  *
  * FAKE_NVTX_SLOTS=none makes it fill no slot (a tool that ignores the
- * memory API).
+ * memory API). FAKE_NVTX_EXIT_HEAPS=N makes its destructor (after every
+ * exit handler, where a real tool runs its leak check) end the process with
+ * status 3 unless exactly N heaps and N regions are live then.
  */
 #define NVTX_AS_SYSTEM_HEADER
 #include <nvtx3/nvToolsExtMem.h>
@@ -20,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
 #define MAX    4096
@@ -37,6 +40,9 @@ EXPORT size_t fake_nvtx_region(uintptr_t addr);
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct range heaps[MAX], regions[MAX];
 static unsigned n_heaps, n_regions;
+/* NVTX's core init loads and unloads this library once before the memory
+ * extension loads it for good: only that copy checks at exit. */
+static int attached;
 static unsigned long long errors, heap_regs, heap_unregs, region_regs, region_unregs;
 
 static int find(struct range *t, unsigned n, uintptr_t addr)
@@ -138,6 +144,7 @@ EXPORT int InitializeInjectionNvtxExtension(nvtxExtModuleInfo_t *info)
 
 	if (info->moduleId != NVTX_EXT_MODULEID_MEM || info->segmentsCount < 1)
 		return 1;
+	attached = 1;
 	if (slots && strcmp(slots, "none") == 0)
 		return 1;
 	s = info->segments[0].functionSlots;
@@ -170,4 +177,16 @@ EXPORT size_t fake_nvtx_region(uintptr_t addr)
 		size = regions[i].size;
 	pthread_mutex_unlock(&lock);
 	return size;
+}
+
+__attribute__((destructor)) static void at_exit_check(void)
+{
+	const char *want = getenv("FAKE_NVTX_EXIT_HEAPS");
+
+	if (!want || !attached)
+		return;
+	fprintf(stderr, "fake_nvtx_tool at exit: %u heaps, %u regions live, %llu errors\n", n_heaps, n_regions,
+	        errors);
+	if (n_heaps != (unsigned)atoi(want) || n_regions != (unsigned)atoi(want) || errors)
+		_exit(3);
 }

@@ -8,6 +8,10 @@
  *           (gone at its free, back at its reuse, never for a double free),
  *           pinned blocks are not annotated, segments given back take their
  *           heaps with them; the tool saw no misuse.
+ *   exit  - a block left live and a cached idle segment at exit: libemm's
+ *           exit handler gives the idle segment back before the tool's
+ *           leak check, so only the leaked block's heap and region are
+ *           live (FAKE_NVTX_EXIT_HEAPS=1: the fake tool checks at exit).
  *   none  - the tool takes no memory call (FAKE_NVTX_SLOTS=none): libemm
  *           makes none, and serves as usual.
  * Failure is exit status 1 with a message.
@@ -96,6 +100,19 @@ static void tool_mode(void)
 	CHECK(count(ERRORS) == 0);
 }
 
+static void exit_mode(void)
+{
+	CUdeviceptr leaked, big;
+
+	CHECK(cuMemAlloc(&leaked, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuMemAlloc(&big, 30u << 20) == CUDA_SUCCESS);
+	CHECK(cuMemFree(big) == CUDA_SUCCESS);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 2 && count(REGIONS) == 1);
+	/* exit: the fake tool's destructor checks 1 heap, 1 region */
+}
+
 static void none_mode(void)
 {
 	CUdeviceptr a;
@@ -113,6 +130,8 @@ int main(int argc, char **argv)
 	shims_setup();
 	if (strcmp(mode, "none") == 0)
 		none_mode();
+	else if (strcmp(mode, "exit") == 0)
+		exit_mode();
 	else
 		tool_mode();
 	printf("test_annotate %s: ok\n", mode);
