@@ -34,6 +34,14 @@ extern atomic_bool st_annotate_probed;
  * tool requires it) and with no lock held. */
 void st_annotate_probe(void);
 
+/* The probe, once, at the first point a context surely exists (a segment,
+ * a VMM buffer going idle). */
+static inline void st_annotate_ensure_probed(void)
+{
+	if (EMM_UNLIKELY(!atomic_load_explicit(&st_annotate_probed, memory_order_acquire)))
+		st_annotate_probe();
+}
+
 void st_annotate_heap_slow(uint64_t addr, size_t size, bool add);
 void st_annotate_block_slow(uint64_t addr, bool add);
 /* The part [addr+old_size, addr+new_size) a segment grew by (a heap of its
@@ -46,6 +54,16 @@ void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size);
  * not libemm's cache. The first exit handler of libemm runs before any
  * runtime's teardown (state.c), so the driver is still there. */
 void st_annotate_exit(void);
+
+/* A whole VMM buffer the program freed and libemm keeps mapped for reuse
+ * (vmm_idle.c): a heap with no region while it is idle (add), so that any
+ * access to it is reported as to freed memory; gone (remove) when it goes
+ * back to a program or is unmapped for real. */
+static inline void st_annotate_idle_buffer(uint64_t addr, size_t size, bool add)
+{
+	if (EMM_UNLIKELY(atomic_load_explicit(&st_annotate_on, memory_order_relaxed)))
+		st_annotate_heap_slow(addr, size, add);
+}
 
 /* A device segment [addr, addr+size) came from the backend (add) or is
  * going back to it. */

@@ -106,8 +106,7 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
 		st_tls_in_backend = false;
 	}
-	if (EMM_UNLIKELY(!atomic_load_explicit(&st_annotate_probed, memory_order_acquire)))
-		st_annotate_probe(); /* a context exists now, as a tool requires */
+	st_annotate_ensure_probed(); /* a context exists now, as a tool requires */
 	if (ret == 0 && !host)
 		st_annotate_heap(*ret_addr, size, true);
 	return ret;

@@ -10,6 +10,7 @@
 #   oob         memcheck                       errors / clean (ERROR SUMMARY)
 #   uaf         memcheck                       errors / clean
 #   capture     memcheck                       errors / clean
+#   vmm-uaf     memcheck                       errors / clean
 #   leak        memcheck --leak-check full     leak-1000 / no-leak-1000 ("Leaked 1000 bytes")
 #   reuse       initcheck                      uninit / init
 #   clean       memcheck, initcheck            errors / clean
@@ -27,8 +28,13 @@ prog="${1:?usage: run-sanitize.sh PROGRAM LIBEMM [CASE...]}"
 lib="${2:?usage: run-sanitize.sh PROGRAM LIBEMM [CASE...]}"
 shift 2
 cases=("$@")
-[ ${#cases[@]} -eq 0 ] && cases=(oob uaf capture leak reuse clean pinned-oob)
+[ ${#cases[@]} -eq 0 ] && cases=(oob uaf capture vmm-uaf leak reuse clean pinned-oob)
 
+missing=$(env -u LD_PRELOAD ldd "$prog" 2>/dev/null | awk '/=> not found/ {print $1}' | tr '\n' ' ')
+if [ -n "$missing" ]; then
+	echo "skip: $(basename "$prog") needs ${missing}which is not installed here"
+	exit 77
+fi
 cs="${COMPUTE_SANITIZER:-}"
 if [ -z "$cs" ]; then
 	for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
@@ -90,6 +96,8 @@ row() { # CASE KIND REQUIRED TOOLARGS...
 	v1=$(verdict "$logs/$tag-with.log" "$kind")
 	# Compare the kind of verdict, not the count of reports.
 	if [ "${v0%%(*}" = "${v1%%(*}" ]; then same=same; else same=DIFF; fi
+	# A run the tool did not finish (no summary) proves nothing.
+	[ "$v0" = no-summary ] || [ "$v1" = no-summary ] && same=DIFF
 	[ "$required" = info ] && same="$same(info)"
 	printf '%-11s %-22s %-16s %-16s %-5s %s / %s\n' "$c" "$kind" "$v0" "$v1" "$same" "$s0" "$s1"
 	[ "$same" = DIFF ] && fail=1

@@ -19,6 +19,9 @@
  *              before any write (initcheck: uninitialized read?)
  *   capture    a block allocated during a relaxed stream capture, written
  *              40 bytes past its end by the captured graph (memcheck)
+ *   vmm-uaf    a 4 MiB buffer made with the VMM calls (reserve, create, map,
+ *              set access) and freed (unmap, release, address free), then
+ *              written (memcheck: invalid write; libemm keeps it mapped)
  *   clean      all of the above done right: no report in either run
  *   pinned-oob a kernel writes past a 1000-byte cudaMallocHost block
  *              (informational: does memcheck check pinned host memory?)
@@ -27,6 +30,7 @@
  * run it got. Exit 77 without a GPU; otherwise 0 whatever the tool found
  * (the verdict is the tool's output, not the exit status).
  */
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
 #include <string.h>
@@ -47,6 +51,26 @@ __global__ void copy(const unsigned char *src, unsigned char *dst, size_t n)
 
 	if (i < n)
 		dst[i] = src[i];
+}
+
+/* XLA's VMM allocation and free, as tests/shims/shims_vmm.h. */
+static CUdeviceptr vmm_alloc(size_t size, CUmemGenericAllocationHandle *h)
+{
+	CUmemAllocationProp p;
+	CUmemAccessDesc d;
+	CUdeviceptr va = 0;
+
+	memset(&p, 0, sizeof(p));
+	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p.location.id = 0;
+	memset(&d, 0, sizeof(d));
+	d.location = p.location;
+	d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	if (cuMemAddressReserve(&va, size, 0, 0, 0) != CUDA_SUCCESS || cuMemCreate(h, size, &p, 0) != CUDA_SUCCESS ||
+	    cuMemMap(va, size, 0, *h, 0) != CUDA_SUCCESS || cuMemSetAccess(va, size, &d, 1) != CUDA_SUCCESS)
+		return 0;
+	return va;
 }
 
 static void sync_quiet(void)
@@ -121,6 +145,20 @@ int main(int argc, char **argv)
 		cudaFree(a);
 		cudaFree(b);
 		cudaStreamDestroy(s);
+	} else if (strcmp(c, "vmm-uaf") == 0) {
+		CUmemGenericAllocationHandle h;
+		size_t size = 4u << 20;
+		CUdeviceptr va = vmm_alloc(size, &h);
+
+		if (!va)
+			return 1;
+		fill<<<1, 64>>>((unsigned char *)va, 0, 64, 9);
+		sync_quiet();
+		cuMemUnmap(va, size);
+		cuMemRelease(h);
+		cuMemAddressFree(va, size);
+		fill<<<1, 64>>>((unsigned char *)va, 0, 64, 10);
+		sync_quiet();
 	} else if (strcmp(c, "pinned-oob") == 0) {
 		unsigned char *h = NULL;
 

@@ -36,6 +36,7 @@ struct range {
 EXPORT int InitializeInjectionNvtxExtension(nvtxExtModuleInfo_t *info);
 EXPORT unsigned long long fake_nvtx_count(int which);
 EXPORT size_t fake_nvtx_region(uintptr_t addr);
+EXPORT size_t fake_nvtx_heap(uintptr_t addr);
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct range heaps[MAX], regions[MAX];
@@ -165,18 +166,29 @@ EXPORT unsigned long long fake_nvtx_count(int which)
 	return which >= 0 && which < 7 ? v[which] : 0;
 }
 
+static size_t size_at(const struct range *t, const unsigned *n, uintptr_t addr)
+{
+	size_t size = 0;
+	int i;
+
+	pthread_mutex_lock(&lock);
+	i = find((struct range *)t, *n, addr);
+	if (i >= 0)
+		size = t[i].size;
+	pthread_mutex_unlock(&lock);
+	return size;
+}
+
+/* The size of the live heap at addr, 0 if none. */
+EXPORT size_t fake_nvtx_heap(uintptr_t addr)
+{
+	return size_at(heaps, &n_heaps, addr);
+}
+
 /* The size of the live region at addr, 0 if none. */
 EXPORT size_t fake_nvtx_region(uintptr_t addr)
 {
-	int i;
-	size_t size = 0;
-
-	pthread_mutex_lock(&lock);
-	i = find(regions, n_regions, addr);
-	if (i >= 0)
-		size = regions[i].size;
-	pthread_mutex_unlock(&lock);
-	return size;
+	return size_at(regions, &n_regions, addr);
 }
 
 __attribute__((destructor)) static void at_exit_check(void)

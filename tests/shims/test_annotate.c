@@ -12,6 +12,9 @@
  *           exit handler gives the idle segment back before the tool's
  *           leak check, so only the leaked block's heap and region are
  *           live (FAKE_NVTX_EXIT_HEAPS=1: the fake tool checks at exit).
+ *   vmm   - a whole VMM buffer the program freed and libemm keeps mapped
+ *           is a heap with no region while idle (any access is to freed
+ *           memory), and not once it is handed back or given back.
  *   none  - the tool takes no memory call (FAKE_NVTX_SLOTS=none): libemm
  *           makes none, and serves as usual.
  * Failure is exit status 1 with a message.
@@ -24,9 +27,11 @@
 #include <string.h>
 
 #include "shims_common.h"
+#include "shims_vmm.h"
 
 static unsigned long long (*count)(int);
 static size_t (*region)(uintptr_t);
+static size_t (*heap)(uintptr_t);
 
 enum { HEAPS, REGIONS, ERRORS, HEAP_REGS, HEAP_UNREGS, REGION_REGS, REGION_UNREGS };
 
@@ -50,7 +55,8 @@ static void find_tool(void)
 	}
 	count = (unsigned long long (*)(int))dlsym(h, "fake_nvtx_count");
 	region = (size_t (*)(uintptr_t))dlsym(h, "fake_nvtx_region");
-	if (!count || !region)
+	heap = (size_t (*)(uintptr_t))dlsym(h, "fake_nvtx_heap");
+	if (!count || !region || !heap)
 		exit(1);
 }
 
@@ -113,6 +119,28 @@ static void exit_mode(void)
 	/* exit: the fake tool's destructor checks 1 heap, 1 region */
 }
 
+static void vmm_mode(void)
+{
+	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAccessDesc d = shims_vmm_access(0);
+	size_t size = 4u << 20;
+	struct buf a, b;
+
+	CHECK(shims_vmm_alloc(&a, size, &p, &d, 1) == CUDA_SUCCESS);
+	CHECK(shims_vmm_free(&a) == CUDA_SUCCESS);
+	find_tool(); /* loaded when the first buffer went idle */
+	CHECK(heap(a.va) == size && count(REGIONS) == 0);
+	CHECK(shims_vmm_alloc(&b, size, &p, &d, 1) == CUDA_SUCCESS);
+	CHECK(b.va == a.va); /* from the cache */
+	CHECK(heap(a.va) == 0);
+	CHECK(shims_vmm_free(&b) == CUDA_SUCCESS);
+	CHECK(heap(a.va) == size);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(shims_release_idle(0, 0) >= 0); /* made real: the heap goes */
+	CHECK(heap(a.va) == 0 && count(HEAPS) == 0);
+	CHECK(count(HEAP_REGS) == 2 && count(ERRORS) == 0);
+}
+
 static void none_mode(void)
 {
 	CUdeviceptr a;
@@ -132,6 +160,8 @@ int main(int argc, char **argv)
 		none_mode();
 	else if (strcmp(mode, "exit") == 0)
 		exit_mode();
+	else if (strcmp(mode, "vmm") == 0)
+		vmm_mode();
 	else
 		tool_mode();
 	printf("test_annotate %s: ok\n", mode);
