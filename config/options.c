@@ -160,7 +160,11 @@ static const char *const vmm_names[] = {
 	  "next matching allocation), count (passed through, counted), off (passed through)")         \
 	X(VMM_REAP_MS, vmm_reap_ms, UINT, U(5), "ms", RANGE(1, 60000),                                 \
 	  "How long a VMM unmap or release that may begin a whole-buffer free waits for the rest "     \
-	  "before it is made real")
+	  "before it is made real")                                                                   \
+	/* 256: off (a byte is 0..255). */                                                            \
+	X(POISON, poison, UINT, U(256), "byte", RANGE(0, 256),                                        \
+	  "Fill each freed device block with this byte (0-255), stream-ordered on the freeing "       \
+	  "stream before it can be reused (debugging); 256: off")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

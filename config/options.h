@@ -66,6 +66,7 @@ struct emm_options {
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
 	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */
+	unsigned poison;	   /* EMM_POISON: fill freed device blocks with this byte (256: off) */
 };
 
 /* Row ids, in table order. */
@@ -95,6 +96,7 @@ enum emm_option_id {
 	EMM_OPT_TEARDOWN_WAIT,
 	EMM_OPT_VMM,
 	EMM_OPT_VMM_REAP_MS,
+	EMM_OPT_POISON,
 	EMM_OPT__COUNT
 };
 

@@ -16,6 +16,7 @@
 #include "allocator/trace.h"
 #include "common/log.h"
 #include "process/annotate.h"
+#include "process/poison.h"
 #include "process/process.h"
 #include "process/process_internal.h"
 
@@ -99,7 +100,10 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 		return -ENOENT;
 	st_assert_unlocked("a free of a libemm block");
 	emm_state_enter();
-	st_annotate_block(addr, false); /* before the heap may hand it out again */
+	/* Before the heap may hand it out again; the fill while the block is
+	 * still a region a memory checker knows. */
+	st_poison_block(addr, key);
+	st_annotate_block(addr, false);
 	r = emm_state_free_block(addr, key, pinned, &requested);
 	emm_state_leave();
 	if (r == 0)

@@ -97,7 +97,7 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->epoch_bytes == b->epoch_bytes && a->pending_limit == b->pending_limit && a->meminfo_cached == b->meminfo_cached &&
 	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas &&
 	       a->teardown_wait == b->teardown_wait && a->vmm == b->vmm &&
-	       a->vmm_reap_ms == b->vmm_reap_ms;
+	       a->vmm_reap_ms == b->vmm_reap_ms && a->poison == b->poison;
 }
 
 /* ------------------------------------------------------------------------
@@ -125,6 +125,7 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_int_eq(o->arenas, 0);
 	expect_int_eq(o->teardown_wait, 2000);
 	expect_int_eq(o->vmm_reap_ms, 5);
+	expect_int_eq(o->poison, 256);
 	expect_u64_eq(o->epoch_bytes, 64u << 20);
 	expect_u64_eq(o->pending_limit, 1024u << 20);
 	expect_true(o->meminfo_cached);
@@ -185,6 +186,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_TEARDOWN_WAIT=250",
 		"EMM_VMM=Count",
 		"EMM_VMM_REAP_MS=250",
+		"EMM_POISON=165",
 		NULL,
 	};
 	struct parsed p;
@@ -210,6 +212,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.oom_retry);
 	expect_int_eq(p.o.teardown_wait, 250);
 	expect_int_eq(p.o.vmm_reap_ms, 250);
+	expect_int_eq(p.o.poison, 165);
 	expect_int_eq(p.o.free_mode, EMM_OPT_FREE_STREAM);
 	expect_int_eq(p.o.epoch_blocks, 65536);
 	expect_u64_eq(p.o.epoch_bytes, (uint64_t)1 << 40);
@@ -233,7 +236,7 @@ TEST_BEGIN(test_option_names)
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "PENDING_LIMIT", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",	 "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS",
+		"ARENAS",	 "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "POISON",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 

@@ -1,0 +1,67 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * process/poison.c - EMM_POISON=<byte>: every device block the program
+ * frees is filled with the byte before anyone can be handed it again, so
+ * that a kernel reading a block after its free (or on a stream with no
+ * dependency on the freeing one) reads garbage instead of stale data.
+ *
+ * The fill is stream-ordered, one cuMemsetD8Async enqueued before the
+ * block goes back to its heap: on the free's stream for cuMemFreeAsync,
+ * on the legacy stream for a synchronous free. The fence rules then order
+ * it before any reuse (DESIGN.md section 4): same-stream reuse follows it
+ * in stream order; a synchronous free's epoch event is recorded later on
+ * the legacy stream (a barrier for blocking and per-thread streams) and on
+ * each non-blocking stream after it, and a stream-ordered free's event is
+ * recorded after it on its stream, so any other stream waits for the fill.
+ *
+ * Not poisoned: pinned host blocks (a host memset is not stream-ordered),
+ * blocks freed while their stream (or, for a synchronous free, any
+ * global-mode capture) is capturing (the memset would become a graph node;
+ * the graph quarantine keeps those blocks anyway), blocks of another
+ * context than the current one, and anything at exit.
+ */
+#include <cuda.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "common/log.h"
+#include "process/poison.h"
+#include "process/process.h"
+#include "process/process_internal.h"
+
+typedef CUresult (*memset_async_fn)(CUdeviceptr, unsigned char, size_t, CUstream);
+
+static memset_async_fn memset_async(void)
+{
+	static _Atomic(memset_async_fn) fn;
+	memset_async_fn f = atomic_load_explicit(&fn, memory_order_acquire);
+	void *sym;
+
+	if (!f) {
+		sym = emm_real_driver("cuMemsetD8Async");
+		f = (memset_async_fn)sym;
+		atomic_store_explicit(&fn, f, memory_order_release);
+	}
+	return f;
+}
+
+void st_poison_block_slow(emm_addr_t addr, emm_stream_t key)
+{
+	struct emm_block_range b;
+	emm_heap_t *current = NULL;
+	memset_async_fn fn;
+	CUresult r;
+
+	if (st_is_exiting() || emm_heap_find_block(addr, &b) != 0 || b.base != addr ||
+	    emm_state_heap_is_pinned(b.heap))
+		return;
+	if (emm_state_current_heap_lookup(&current) != 0 || current != b.heap || emm_state_capture_forbids(key))
+		return;
+	fn = memset_async();
+	if (!fn)
+		return;
+	r = fn((CUdeviceptr)addr, (unsigned char)st_opts->poison, b.size, emm_state_stream_handle(key));
+	if (r != CUDA_SUCCESS)
+		emm_debug("EMM_POISON: cuMemsetD8Async(%#llx, %zu) failed (%d)", (unsigned long long)addr, b.size,
+		          (int)r);
+}
