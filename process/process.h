@@ -537,6 +537,16 @@ void emm_vmm_runtime_pool_leave(void);
  * (stats_print.c). */
 void emm_state_stats_snapshot(int device, struct emm_stats *out);
 
+/* The device's default pool, whose allocations libemm serves (pool_attr.c):
+ * after the driver answered, add libemm's books to a USED/RESERVED
+ * CURRENT/HIGH attribute of it (true if `pool` is served and `attr` one of
+ * those); after the driver took a set, reset libemm's high mark or apply a
+ * RELEASE_THRESHOLD; after cuMemPoolTrimTo, trim libemm's idle memory.
+ * Other pools: nothing. */
+bool emm_pool_books_get(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+void emm_pool_books_set(CUmemoryPool pool, CUmemPool_attribute attr, const void *value);
+void emm_pool_books_trim(CUmemoryPool pool, size_t keep);
+
 /* Give idle memory back (emm_release_idle): device -1 all, -2 pinned. 0 and
  * the bytes released; a negative errno when nothing was released and a
  * heap failed (stats_print.c). */
