@@ -79,6 +79,16 @@ int main(int argc, char **argv)
 	CHECK(cuStreamSynchronize(s) == CUDA_SUCCESS);
 	CHECK(all_bytes(b, 4096, want));
 
+	/* A synchronous free with a non-blocking stream alive: the legacy
+	 * stream first waits for it (a kernel there may still read the block). */
+	{
+		uint64_t waits = fakecuda_calls("cuStreamWaitEvent");
+
+		CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+		CHECK(cuMemFree(a) == CUDA_SUCCESS);
+		CHECK(on ? fakecuda_calls("cuStreamWaitEvent") > waits : fakecuda_calls("cuStreamWaitEvent") == waits);
+	}
+
 	/* Pinned host blocks are not poisoned. */
 	CHECK(cuMemAllocHost(&host, 4096) == CUDA_SUCCESS);
 	memset(host, 1, 4096);
