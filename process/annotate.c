@@ -24,7 +24,11 @@
  * only, so that a leak check lists the program's own blocks.
  *
  * Segments that grow in place (EMM_BACKEND=vmm) get one heap per grown
- * piece, remembered here so that the segment's free unregisters them all.
+ * piece, remembered here so that the segment's free unregisters them all;
+ * a block is a region of the heap holding its start (one that straddles a
+ * grown piece's boundary is a region past its heap's end, which a tool may
+ * refuse). Pinned host blocks are not annotated: NVTX heaps describe
+ * memory to compute-sanitizer's device-memory checks.
  * No NVTX call is made under a lock: a tool's handler may call the driver.
  */
 #include <dlfcn.h>
@@ -55,9 +59,17 @@ static bool slot_live(intptr_t slot)
 void st_annotate_probe(void)
 {
 	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	/* A tool whose initialisation allocates through libemm comes back
+	 * here on the same thread: it gets no annotation rather than a
+	 * deadlock in pthread_once. */
+	static _Thread_local bool in_probe;
 	void (*init)(void) = NVTX_EXT_MEM_VERSIONED_ID(nvtxExtMemInitOnce);
 
+	if (in_probe)
+		return;
+	in_probe = true;
 	(void)pthread_once(&once, init);
+	in_probe = false;
 	if (slot_live(SLOT(nvtxMemHeapRegister)) && slot_live(SLOT(nvtxMemHeapUnregister)) &&
 	    slot_live(SLOT(nvtxMemRegionsRegister)) && slot_live(SLOT(nvtxMemRegionsUnregister))) {
 		if (!atomic_exchange(&st_annotate_on, true))
