@@ -14,7 +14,6 @@
  * release threshold or trims its idle memory (process/pool_attr.c).
  */
 #include <cuda.h>
-#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "common/compiler.h"
@@ -68,26 +67,12 @@ EMM_EXPORT CUresult CUDAAPI cuMemPoolDestroy(CUmemoryPool pool)
 	return r;
 }
 
-/* The driver's own entry point, looked up once. */
-static void *real_fn(_Atomic(void *) *slot, const char *name)
-{
-	void *f = atomic_load_explicit(slot, memory_order_acquire);
-
-	if (!f) {
-		f = emm_real_driver(name);
-		atomic_store_explicit(slot, f, memory_order_release);
-	}
-	return f;
-}
-
 typedef CUresult (*pool_attr_fn)(CUmemoryPool, CUmemPool_attribute, void *);
 
 /* The driver answers first; then the books of a served pool (pool_attr.c). */
 static CUresult pool_attr(bool set, CUmemoryPool pool, CUmemPool_attribute attr, void *value)
 {
-	static _Atomic(void *) slots[2];
-	pool_attr_fn real =
-	    (pool_attr_fn)real_fn(&slots[set], set ? "cuMemPoolSetAttribute" : "cuMemPoolGetAttribute");
+	pool_attr_fn real = set ? VMM(cuMemPoolSetAttribute) : VMM(cuMemPoolGetAttribute);
 	CUresult r;
 
 	if (!real)
@@ -114,14 +99,8 @@ EMM_EXPORT CUresult CUDAAPI cuMemPoolSetAttribute(CUmemoryPool pool, CUmemPool_a
 
 EMM_EXPORT CUresult CUDAAPI cuMemPoolTrimTo(CUmemoryPool pool, size_t minBytesToKeep)
 {
-	static _Atomic(void *) slot;
-	CUresult (*real)(CUmemoryPool, size_t) =
-	    (CUresult(*)(CUmemoryPool, size_t))real_fn(&slot, "cuMemPoolTrimTo");
-	CUresult r;
+	CUresult r = CALL_VMM(cuMemPoolTrimTo, pool, minBytesToKeep);
 
-	if (!real)
-		return CUDA_ERROR_NOT_INITIALIZED;
-	r = real(pool, minBytesToKeep);
 	if (r == CUDA_SUCCESS && emm_state_enabled())
 		emm_pool_books_trim(pool, minBytesToKeep);
 	return r;

@@ -37,22 +37,6 @@
 #include "process/process.h"
 #include "process/process_internal.h"
 
-typedef CUresult (*memset_async_fn)(CUdeviceptr, unsigned char, size_t, CUstream);
-
-static memset_async_fn memset_async(void)
-{
-	static _Atomic(memset_async_fn) fn;
-	memset_async_fn f = atomic_load_explicit(&fn, memory_order_acquire);
-	void *sym;
-
-	if (!f) {
-		sym = emm_real_driver("cuMemsetD8Async");
-		f = (memset_async_fn)sym;
-		atomic_store_explicit(&fn, f, memory_order_release);
-	}
-	return f;
-}
-
 #define MAX_NB_STREAMS 64
 
 /* Make the legacy stream wait for the work enqueued so far on every live
@@ -88,7 +72,7 @@ void st_poison_block_slow(emm_addr_t addr, emm_stream_t key)
 {
 	struct emm_block_range b;
 	emm_heap_t *current = NULL;
-	memset_async_fn fn;
+	CUresult (*fn)(CUdeviceptr, unsigned char, size_t, CUstream);
 	CUresult r;
 
 	if (st_is_exiting() || emm_heap_find_block(addr, &b) != 0 || b.base != addr ||
@@ -96,7 +80,7 @@ void st_poison_block_slow(emm_addr_t addr, emm_stream_t key)
 		return;
 	if (emm_state_current_heap_lookup(&current) != 0 || current != b.heap || emm_state_capture_forbids(key))
 		return;
-	fn = memset_async();
+	fn = emm_real_vmm()->cuMemsetD8Async;
 	if (!fn || (key == EMM_STREAM_SYNC && !legacy_after_nonblocking()))
 		return;
 	r = fn((CUdeviceptr)addr, (unsigned char)st_opts->poison, b.size, emm_state_stream_handle(key));

@@ -49,16 +49,14 @@ static struct pool_books {
 } books[POOL_DEVICES];
 static pthread_mutex_t books_lock = PTHREAD_MUTEX_INITIALIZER;
 
-typedef CUresult (*get_pool_fn)(CUmemoryPool *, CUdevice);
-typedef CUresult (*device_count_fn)(int *);
-
 /* The ordinal of the device whose default and current pool `pool` is, or
  * -1. Driver calls only, no lock. */
 static int served_device(CUmemoryPool pool)
 {
-	get_pool_fn get_default = (get_pool_fn)emm_real_driver("cuDeviceGetDefaultMemPool");
-	get_pool_fn get_current = (get_pool_fn)emm_real_driver("cuDeviceGetMemPool");
-	device_count_fn count = (device_count_fn)emm_real_driver("cuDeviceGetCount");
+	const struct emm_real_vmm_table *vm = emm_real_vmm();
+	CUresult (*get_default)(CUmemoryPool *, CUdevice) = vm->cuDeviceGetDefaultMemPool;
+	CUresult (*get_current)(CUmemoryPool *, CUdevice) = vm->cuDeviceGetMemPool;
+	CUresult (*count)(int *) = vm->cuDeviceGetCount;
 	CUmemoryPool cur = NULL;
 	int n = 0;
 

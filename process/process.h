@@ -158,6 +158,15 @@ struct emm_real_vmm_table {
 	/* the exports cuMemAllocFromPoolAsync and cuMemAllocFromPoolAsync_ptsz */
 	CUresult (*alloc_from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 	CUresult (*alloc_from_pool_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+	/* the pools' attributes and the default pool (shims_pool.c, pool_attr.c) */
+	CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+	CUresult (*cuMemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+	CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
+	CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+	CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+	CUresult (*cuDeviceGetCount)(int *);
+	/* EMM_POISON's fill (poison.c) */
+	CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
 };
 const struct emm_real_vmm_table *emm_real_vmm(void);
 
