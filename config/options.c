@@ -178,7 +178,11 @@ static const char *const vmm_names[] = {
 	/* A directory: ignored under AT_SECURE like the other paths. */                              \
 	X(IPC_DIR, ipc_dir, STRING, S("/dev/shm"), "path", FLAGS(F_NONEMPTY | F_SECURE),              \
 	  "Directory of the per-user registry through which libemm processes open each other's IPC "   \
-	  "handles of sub-allocated blocks; ignored in setuid programs")
+	  "handles of sub-allocated blocks; ignored in setuid programs")                                                   \
+	/* 256: off (a byte is 0..255). */                                                            \
+	X(POISON, poison, UINT, U(256), "byte", RANGE(0, 256),                                        \
+	  "Fill each freed device block with this byte (0-255), stream-ordered on the freeing "       \
+	  "stream before it can be reused (debugging); 256: off")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

@@ -72,6 +72,7 @@ struct emm_options {
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
 	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */
 	char ipc_dir[256];	   /* EMM_IPC_DIR: where the IPC registry lives (/dev/shm) */
+	unsigned poison;	   /* EMM_POISON: fill freed device blocks with this byte (256: off) */
 };
 
 /* Row ids, in table order. */
@@ -105,6 +106,7 @@ enum emm_option_id {
 	EMM_OPT_VMM,
 	EMM_OPT_VMM_REAP_MS,
 	EMM_OPT_IPC_DIR,
+	EMM_OPT_POISON,
 	EMM_OPT__COUNT
 };
 

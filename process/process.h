@@ -164,6 +164,15 @@ struct emm_real_vmm_table {
 	/* the exports cuMemAllocFromPoolAsync and cuMemAllocFromPoolAsync_ptsz */
 	CUresult (*alloc_from_pool)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
 	CUresult (*alloc_from_pool_ptsz)(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+	/* the pools' attributes and the default pool (shims_pool.c, pool_attr.c) */
+	CUresult (*cuMemPoolGetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+	CUresult (*cuMemPoolSetAttribute)(CUmemoryPool, CUmemPool_attribute, void *);
+	CUresult (*cuMemPoolTrimTo)(CUmemoryPool, size_t);
+	CUresult (*cuDeviceGetDefaultMemPool)(CUmemoryPool *, CUdevice);
+	CUresult (*cuDeviceGetMemPool)(CUmemoryPool *, CUdevice);
+	CUresult (*cuDeviceGetCount)(int *);
+	/* EMM_POISON's fill (poison.c) */
+	CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, size_t, CUstream);
 };
 const struct emm_real_vmm_table *emm_real_vmm(void);
 
@@ -615,6 +624,16 @@ int emm_ipc_find_import(emm_addr_t addr, emm_addr_t *ret_base, size_t *ret_size)
  * into *out, as much of them as out->struct_size (>= 8) holds
  * (stats_print.c). */
 void emm_state_stats_snapshot(int device, struct emm_stats *out);
+
+/* The device's default pool, whose allocations libemm serves (pool_attr.c):
+ * after the driver answered, add libemm's books to a USED/RESERVED
+ * CURRENT/HIGH attribute of it (true if `pool` is served and `attr` one of
+ * those); after the driver took a set, reset libemm's high mark or apply a
+ * RELEASE_THRESHOLD; after cuMemPoolTrimTo, trim libemm's idle memory.
+ * Other pools: nothing. */
+bool emm_pool_books_get(CUmemoryPool pool, CUmemPool_attribute attr, void *value);
+void emm_pool_books_set(CUmemoryPool pool, CUmemPool_attribute attr, const void *value);
+void emm_pool_books_trim(CUmemoryPool pool, size_t keep);
 
 /* Give idle memory back (emm_release_idle): device -1 all, -2 pinned. 0 and
  * the bytes released; a negative errno when nothing was released and a

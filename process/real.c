@@ -364,6 +364,13 @@ static void vmm_table_init(void)
 	LOAD_VMM(cuMemImportFromShareableHandle);
 	LOAD_VMM(cuMemPoolCreate);
 	LOAD_VMM(cuMemPoolDestroy);
+	LOAD_VMM(cuMemPoolGetAttribute);
+	LOAD_VMM(cuMemPoolSetAttribute);
+	LOAD_VMM(cuMemPoolTrimTo);
+	LOAD_VMM(cuDeviceGetDefaultMemPool);
+	LOAD_VMM(cuDeviceGetMemPool);
+	LOAD_VMM(cuDeviceGetCount);
+	LOAD_VMM(cuMemsetD8Async);
 	/* cuda.h renames cuMemAllocFromPoolAsync for per-thread builds only;
 	 * both exports are named explicitly. */
 	*(void **)&vmm_table.alloc_from_pool = emm_real_driver("cuMemAllocFromPoolAsync");

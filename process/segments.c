@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdint.h>
 
+#include "process/annotate.h"
 #include "process/process.h"
 #include "process/process_internal.h"
 
@@ -105,6 +106,9 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
 		st_tls_in_backend = false;
 	}
+	st_annotate_ensure_probed(); /* a context exists now, as a tool requires */
+	if (ret == 0 && !host)
+		st_annotate_heap(*ret_addr, size, true);
 	if (ret == 0 && !host && st_snapshot_on)
 		st_snapshot_note(EMM_SNAP_SEGMENT_ALLOC, *ret_addr, size, backend_stream(stream));
 	return ret;
@@ -120,6 +124,9 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 	if (st_is_exiting())
 		return 0; /* the driver frees everything with the process */
 	st_assert_unlocked("a backend segment free");
+	/* Gone from the program either way: a memory checker forgets it. */
+	if (!host)
+		st_annotate_heap(addr, size, false);
 	/* A segment with IPC exports stays allocated (ipc.c). */
 	if (!host && st_ipc_keep_segment(e, addr, size))
 		return 0;
@@ -183,7 +190,11 @@ static int st_device_segment_map(void *state, emm_addr_t seg, size_t seg_size, s
 
 static int st_device_segment_grow(void *state, emm_addr_t seg, size_t old_size, size_t new_size)
 {
-	return page_call(state, PAGE_GROW, seg, old_size, new_size, 0);
+	int ret = page_call(state, PAGE_GROW, seg, old_size, new_size, 0);
+
+	if (ret == 0)
+		st_annotate_heap_grow(seg, old_size, new_size);
+	return ret;
 }
 
 bool st_segment_pages(struct ctx_entry *e, struct emm_segment_pages *ret)

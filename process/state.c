@@ -47,6 +47,7 @@
 #include "common/log.h"
 #include "config/options.h"
 #include "emm/emm_version.h"
+#include "process/annotate.h"
 #include "process/process_internal.h"
 
 #define MAX_ATEXIT 16 /* registrations of state_atexit (see above) */
@@ -305,6 +306,7 @@ static void state_atexit(void)
 {
 	/* Registered up to MAX_ATEXIT times (see above): the first call to run
 	 * prints the statistics, every call flushes the trace. */
+	st_annotate_exit(); /* only under a memory checker (annotate.c) */
 	atomic_store(&st_exiting, true);
 	if (st_opts && !atomic_exchange(&stats_printed, true))
 		st_stats_exit_report();

@@ -99,7 +99,7 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->epoch_bytes == b->epoch_bytes && a->pending_limit == b->pending_limit && a->meminfo_cached == b->meminfo_cached &&
 	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas &&
 	       a->teardown_wait == b->teardown_wait && a->vmm == b->vmm &&
-	       a->vmm_reap_ms == b->vmm_reap_ms && strcmp(a->ipc_dir, b->ipc_dir) == 0;
+	       a->vmm_reap_ms == b->vmm_reap_ms && strcmp(a->ipc_dir, b->ipc_dir) == 0 && a->poison == b->poison;
 }
 
 /* ------------------------------------------------------------------------
@@ -127,6 +127,7 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_int_eq(o->arenas, 0);
 	expect_int_eq(o->teardown_wait, 2000);
 	expect_int_eq(o->vmm_reap_ms, 5);
+	expect_int_eq(o->poison, 256);
 	expect_u64_eq(o->epoch_bytes, 64u << 20);
 	expect_u64_eq(o->pending_limit, 1024u << 20);
 	expect_true(o->meminfo_cached);
@@ -192,6 +193,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_VMM=Count",
 		"EMM_VMM_REAP_MS=250",
 		"EMM_IPC_DIR=/run/user/1000",
+		"EMM_POISON=165",
 		NULL,
 	};
 	struct parsed p;
@@ -220,6 +222,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.oom_retry);
 	expect_int_eq(p.o.teardown_wait, 250);
 	expect_int_eq(p.o.vmm_reap_ms, 250);
+	expect_int_eq(p.o.poison, 165);
 	expect_int_eq(p.o.free_mode, EMM_OPT_FREE_STREAM);
 	expect_int_eq(p.o.epoch_blocks, 65536);
 	expect_u64_eq(p.o.epoch_bytes, (uint64_t)1 << 40);
@@ -245,7 +248,7 @@ TEST_BEGIN(test_option_names)
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "PENDING_LIMIT", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",	 "THREAD_CACHE", "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "IPC_DIR",
+		"ARENAS",	 "THREAD_CACHE", "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "IPC_DIR", "POISON",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 

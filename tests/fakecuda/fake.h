@@ -62,7 +62,7 @@
 	X(cuMemGetInfo) X(cuMemGetInfo_v2)                                       \
 	X(cuMemGetAddressRange) X(cuMemGetAddressRange_v2)                       \
 	X(cuPointerGetAttribute) X(cuPointerGetAttributes)                       \
-	X(cuMemsetD8_v2) X(cuMemsetD8_v2_ptds)                                   \
+	X(cuMemsetD8_v2) X(cuMemsetD8_v2_ptds) X(cuMemsetD8Async) X(cuMemsetD8Async_ptsz) \
 	X(cuMemcpyHtoD_v2) X(cuMemcpyHtoD_v2_ptds)                               \
 	X(cuMemcpyDtoH_v2) X(cuMemcpyDtoH_v2_ptds)                               \
 	X(cuMemcpyDtoD_v2) X(cuMemcpyDtoD_v2_ptds)                               \

@@ -1142,6 +1142,37 @@ FAKE_API CUresult cuMemsetD8_v2_ptds(CUdeviceptr dstDevice, unsigned char uc, si
 	return memset8((uintptr_t)dstDevice, uc, N, true);
 }
 
+/* Stream-ordered: on a capturing stream a graph node (nothing runs), else
+ * at once (the fake's streams complete their work when it is enqueued). */
+static CUresult memset8_async(uintptr_t dst, unsigned char uc, size_t n, CUstream h, bool ptds)
+{
+	struct fake_stream *s;
+	bool captured = false;
+
+	fake_lock();
+	CUresult r = fake_stream_resolve_locked(h, ptds, &s);
+	if (r == CUDA_SUCCESS)
+		r = fake_stream_op_locked(s, &captured);
+	if (r == CUDA_SUCCESS && n > 0 && !device_range_ok(dst, n))
+		r = CUDA_ERROR_INVALID_VALUE;
+	if (r == CUDA_SUCCESS && n > 0 && !captured)
+		memset((void *)dst, uc, n);
+	fake_unlock();
+	return r;
+}
+
+FAKE_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+	FAKE_ENTER(cuMemsetD8Async);
+	return memset8_async((uintptr_t)dstDevice, uc, N, hStream, false);
+}
+
+FAKE_API CUresult cuMemsetD8Async_ptsz(CUdeviceptr dstDevice, unsigned char uc, size_t N, CUstream hStream)
+{
+	FAKE_ENTER(cuMemsetD8Async_ptsz);
+	return memset8_async((uintptr_t)dstDevice, uc, N, hStream, true);
+}
+
 /* --- legacy IPC --- */
 
 struct ipc_handle {

@@ -95,6 +95,8 @@ static const struct proc_entry table[] = {
 	LEGACY(cuPointerGetAttributes, 7000, cuPointerGetAttributes)
 	LEGACY(cuMemsetD8, 3020, cuMemsetD8_v2)
 	PT(cuMemsetD8, 7000, cuMemsetD8_v2_ptds)
+	LEGACY(cuMemsetD8Async, 3020, cuMemsetD8Async)
+	PT(cuMemsetD8Async, 7000, cuMemsetD8Async_ptsz)
 	LEGACY(cuMemcpyHtoD, 3020, cuMemcpyHtoD_v2)
 	PT(cuMemcpyHtoD, 7000, cuMemcpyHtoD_v2_ptds)
 	LEGACY(cuMemcpyDtoH, 3020, cuMemcpyDtoH_v2)

@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * process/annotate.c - the NVTX memory annotations that let a memory
+ * checker see through libemm's cache: every device segment is registered
+ * as a sub-allocator heap (NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR) while
+ * libemm holds it, every block as a region while the program owns it, so
+ * that compute-sanitizer's memcheck reports an access past a block's end or
+ * into a freed (cached) block as it would without libemm.
+ *
+ * How the header-only NVTX finds a tool: nvToolsExtMem.h defines each call
+ * (static inline) over a hidden weak table of function slots, all 0
+ * (NVTX_EXTENSION_FRESH) at load. The first call runs the extension's init
+ * once: it reads NVTX_INJECTION64_PATH (compute-sanitizer sets it), dlopens
+ * that library and lets its InitializeInjectionNvtxExtension fill the slots
+ * it handles; every slot left empty, and all of them when no tool is
+ * there, becomes NVTX_EXTENSION_DISABLED. After that a call with no tool is
+ * a load, a compare and a return, but the caller still builds its
+ * descriptor and makes the call. libemm probes once (st_annotate_probe, at
+ * its first segment, when a context exists as the tool requires) and
+ * keeps one flag, st_annotate_on, so that without a tool an annotation is a
+ * load and a branch (annotate.h) and no NVTX code runs on the cached pair.
+ *
+ * At exit (st_annotate_exit) idle segments go back, with a tool attached
+ * only, so that a leak check lists the program's own blocks.
+ *
+ * Segments that grow in place (EMM_BACKEND=vmm) get one heap per grown
+ * piece, remembered here so that the segment's free unregisters them all;
+ * a block is a region of the heap holding its start (one that straddles a
+ * grown piece's boundary is a region past its heap's end, which a tool may
+ * refuse). Pinned host blocks are not annotated: NVTX heaps describe
+ * memory to compute-sanitizer's device-memory checks.
+ * No NVTX call is made under a lock: a tool's handler may call the driver.
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "allocator/heap.h"
+#include "common/log.h"
+#include "process/annotate.h"
+#include "process/process.h"
+
+/* NVTX finds the tool's entry point with dlsym: the C library's, not
+ * libemm's exported one (interpose/resolve.c). */
+#define dlsym(handle, name) emm_real_dlsym((handle), (name))
+#define NVTX_AS_SYSTEM_HEADER
+#include <nvtx3/nvToolsExtMem.h>
+
+atomic_bool st_annotate_on;
+atomic_bool st_annotate_probed;
+
+#define SLOT(name) (NVTX_EXT_MEM_VERSIONED_ID(nvtxExtMemSlots)[NVTX3EXT_CBID_##name + 1])
+
+static bool slot_live(intptr_t slot)
+{
+	return slot != NVTX_EXTENSION_DISABLED && slot != NVTX_EXTENSION_FRESH;
+}
+
+void st_annotate_probe(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	/* A tool whose initialisation allocates through libemm comes back
+	 * here on the same thread: it gets no annotation rather than a
+	 * deadlock in pthread_once. */
+	static _Thread_local bool in_probe;
+	void (*init)(void) = NVTX_EXT_MEM_VERSIONED_ID(nvtxExtMemInitOnce);
+
+	if (in_probe)
+		return;
+	in_probe = true;
+	(void)pthread_once(&once, init);
+	in_probe = false;
+	if (slot_live(SLOT(nvtxMemHeapRegister)) && slot_live(SLOT(nvtxMemHeapUnregister)) &&
+	    slot_live(SLOT(nvtxMemRegionsRegister)) && slot_live(SLOT(nvtxMemRegionsUnregister))) {
+		if (!atomic_exchange(&st_annotate_on, true))
+			emm_debug("a memory checker is attached (NVTX): segments and blocks are annotated");
+	}
+	atomic_store_explicit(&st_annotate_probed, true, memory_order_release);
+}
+
+/* --- grown pieces of a segment ---------------------------------------- */
+
+#define MAX_PIECES 256
+
+static pthread_mutex_t pieces_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct piece {
+	uint64_t addr;
+	size_t size;
+} pieces[MAX_PIECES];
+static unsigned n_pieces;
+
+static bool piece_add(uint64_t addr, size_t size)
+{
+	bool ok = false;
+
+	pthread_mutex_lock(&pieces_lock);
+	if (n_pieces < MAX_PIECES) {
+		pieces[n_pieces++] = (struct piece){addr, size};
+		ok = true;
+	}
+	pthread_mutex_unlock(&pieces_lock);
+	return ok;
+}
+
+/* Takes the first piece inside [addr, addr+size) out of the table. */
+static bool piece_take(uint64_t addr, size_t size, uint64_t *ret_addr)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&pieces_lock);
+	for (unsigned i = 0; i < n_pieces; i++) {
+		if (pieces[i].addr >= addr && pieces[i].addr < addr + size) {
+			*ret_addr = pieces[i].addr;
+			pieces[i] = pieces[--n_pieces];
+			found = true;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&pieces_lock);
+	return found;
+}
+
+/* --- the calls --------------------------------------------------------- */
+
+static void heap_register(uint64_t addr, size_t size)
+{
+	nvtxMemVirtualRangeDesc_t range = {.size = size, .ptr = (const void *)(uintptr_t)addr};
+	nvtxMemHeapDesc_t desc = {
+	    .extCompatID = NVTX_EXT_COMPATID_MEM,
+	    .structSize = sizeof(desc),
+	    .usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR,
+	    .type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS,
+	    .typeSpecificDescSize = sizeof(range),
+	    .typeSpecificDesc = &range,
+	};
+
+	nvtxMemHeapHandle_t h = nvtxMemHeapRegister(NULL, &desc);
+	static atomic_bool warned;
+
+	/* A heap of virtual addresses is named by its address (the header's
+	 * contract); the unregister and the regions rely on it. */
+	if (h != (nvtxMemHeapHandle_t)(uintptr_t)addr && !atomic_exchange(&warned, true))
+		emm_warn("annotations: the tool named heap %#llx %p, not by its address",
+		         (unsigned long long)addr, (void *)h);
+}
+
+static void heap_unregister(uint64_t addr)
+{
+	/* A heap of virtual addresses is named by its address. */
+	nvtxMemHeapUnregister(NULL, (nvtxMemHeapHandle_t)(uintptr_t)addr);
+}
+
+void st_annotate_heap_slow(uint64_t addr, size_t size, bool add)
+{
+	uint64_t piece;
+
+	if (add) {
+		heap_register(addr, size);
+		return;
+	}
+	while (piece_take(addr, size, &piece))
+		heap_unregister(piece);
+	heap_unregister(addr);
+}
+
+/* The grown part [addr+old_size, addr+new_size) of a segment: a heap of its
+ * own (the tool's heaps cannot grow). */
+void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size)
+{
+	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || new_size <= old_size)
+		return;
+	if (!piece_add(addr + old_size, new_size - old_size)) {
+		emm_warn("annotations: more than %u grown segment pieces; the rest go unannotated", MAX_PIECES);
+		return;
+	}
+	heap_register(addr + old_size, new_size - old_size);
+}
+
+/* The heap a block lies in: its segment, or the grown piece holding it. */
+static uint64_t heap_of(uint64_t addr, uint64_t base)
+{
+	pthread_mutex_lock(&pieces_lock);
+	for (unsigned i = 0; i < n_pieces; i++)
+		if (addr >= pieces[i].addr && addr < pieces[i].addr + pieces[i].size && pieces[i].addr > base)
+			base = pieces[i].addr;
+	pthread_mutex_unlock(&pieces_lock);
+	return base;
+}
+
+void st_annotate_block_slow(uint64_t addr, bool add)
+{
+	struct emm_block_range b;
+
+	/* Only the start of a live device block: a bad free is the driver's
+	 * error, not an unregister of a region the tool never saw. */
+	if (emm_heap_find_block(addr, &b) != 0 || b.base != addr || emm_state_heap_is_pinned(b.heap))
+		return;
+	if (add) {
+		size_t size = b.requested ? b.requested : b.size;
+		nvtxMemVirtualRangeDesc_t range = {.size = size, .ptr = (const void *)(uintptr_t)addr};
+		nvtxMemRegionsRegisterBatch_t batch = {
+		    .extCompatID = NVTX_EXT_COMPATID_MEM,
+		    .structSize = sizeof(batch),
+		    .regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS,
+		    .heap = (nvtxMemHeapHandle_t)(uintptr_t)heap_of(addr, b.segment_base),
+		    .regionCount = 1,
+		    .regionDescElementSize = sizeof(range),
+		    .regionDescElements = &range,
+		};
+		nvtxMemRegionsRegister(NULL, &batch);
+	} else {
+		nvtxMemRegionRef_t ref = {.pointer = (const void *)(uintptr_t)addr};
+		nvtxMemRegionsUnregisterBatch_t batch = {
+		    .extCompatID = NVTX_EXT_COMPATID_MEM,
+		    .structSize = sizeof(batch),
+		    .refType = NVTX_MEM_REGION_REF_TYPE_POINTER,
+		    .refCount = 1,
+		    .refElementSize = sizeof(ref),
+		    .refElements = &ref,
+		};
+		nvtxMemRegionsUnregister(NULL, &batch);
+	}
+}
+
+void st_annotate_exit(void)
+{
+	static atomic_bool done;
+	long long released = 0;
+
+	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || atomic_exchange(&done, true) ||
+	    emm_state_exiting())
+		return;
+	(void)emm_state_release_idle(-1, 0, &released);
+	emm_debug("annotations: %lld idle bytes given back before the tool's leak check", released);
+}

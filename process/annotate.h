@@ -1,0 +1,88 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * process/annotate.h - telling a memory-checking tool (compute-sanitizer,
+ * through the NVTX memory API) which parts of libemm's segments the program
+ * owns: each device segment a sub-allocator heap, each block handed to the
+ * program a region in it. Private to process/; annotate.c owns it.
+ *
+ * With no tool attached an annotation costs one load of st_annotate_on and
+ * a not-taken branch: the calls below are inline and reach annotate.c only
+ * when a tool injected itself. Call them with no lock held: a tool's
+ * handler may be slow or call the driver.
+ */
+#ifndef EMM_PROCESS_ANNOTATE_H
+#define EMM_PROCESS_ANNOTATE_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/compiler.h"
+
+#pragma GCC visibility push(hidden)
+
+/* True once st_annotate_probe found a tool that handles the NVTX memory
+ * calls; never set otherwise. */
+extern atomic_bool st_annotate_on;
+/* False until the first probe ran. */
+extern atomic_bool st_annotate_probed;
+
+/* Loads the NVTX memory extension (which loads the tool named by
+ * NVTX_INJECTION64_PATH, if any) once, and sets st_annotate_on when a tool
+ * took the heap and region calls. Call after a CUDA context exists (the
+ * tool requires it) and with no lock held. */
+void st_annotate_probe(void);
+
+/* The probe, once, at the first point a context surely exists (a segment,
+ * a VMM buffer going idle). */
+static inline void st_annotate_ensure_probed(void)
+{
+	if (EMM_UNLIKELY(!atomic_load_explicit(&st_annotate_probed, memory_order_acquire)))
+		st_annotate_probe();
+}
+
+void st_annotate_heap_slow(uint64_t addr, size_t size, bool add);
+void st_annotate_block_slow(uint64_t addr, bool add);
+/* The part [addr+old_size, addr+new_size) a segment grew by (a heap of its
+ * own: the tool's heaps do not grow); the segment's free unregisters it. */
+void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size);
+
+/* At exit, with a tool attached only (a debugging run): idle segments go
+ * back to the backend before the tool's leak check, so that
+ * `compute-sanitizer --leak-check full` lists the program's unfreed blocks,
+ * not libemm's cache. The first exit handler of libemm runs before any
+ * runtime's teardown (state.c), so the driver is still there. */
+void st_annotate_exit(void);
+
+/* A whole VMM buffer the program freed and libemm keeps mapped for reuse
+ * (vmm_idle.c): a heap with no region while it is idle (add), so that any
+ * access to it is reported as to freed memory; gone (remove) when it goes
+ * back to a program or is unmapped for real. */
+static inline void st_annotate_idle_buffer(uint64_t addr, size_t size, bool add)
+{
+	if (EMM_UNLIKELY(atomic_load_explicit(&st_annotate_on, memory_order_relaxed)))
+		st_annotate_heap_slow(addr, size, add);
+}
+
+/* A device segment [addr, addr+size) came from the backend (add) or is
+ * going back to it. */
+static inline void st_annotate_heap(uint64_t addr, size_t size, bool add)
+{
+	if (EMM_UNLIKELY(atomic_load_explicit(&st_annotate_on, memory_order_relaxed)))
+		st_annotate_heap_slow(addr, size, add);
+}
+
+/* The device block starting at addr, live in a heap, was handed to the
+ * program (add: after the heap's alloc, as a region of the size the program
+ * asked for) or is being freed by it (before the heap's free, so that no
+ * new owner's region is registered first). Pinned blocks are left alone. */
+static inline void st_annotate_block(uint64_t addr, bool add)
+{
+	if (EMM_UNLIKELY(atomic_load_explicit(&st_annotate_on, memory_order_relaxed)))
+		st_annotate_block_slow(addr, add);
+}
+
+#pragma GCC visibility pop
+
+#endif

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# tests/gpu/run-sanitize.sh - the planted memory errors of
+# sanitize_planted.cu under compute-sanitizer, each run without and with
+# libemm, with the same verdict required in both (issue 16):
+#
+#   tests/gpu/run-sanitize.sh PROGRAM LIBEMM [CASE...]
+#
+#   case        tool                           verdict
+#   oob         memcheck                       errors / clean (ERROR SUMMARY)
+#   uaf         memcheck                       errors / clean
+#   capture     memcheck                       errors / clean
+#   vmm-uaf     memcheck                       errors / clean
+#   leak        memcheck --leak-check full     leak-1000 / no-leak-1000 ("Leaked 1000 bytes")
+#   reuse       initcheck                      uninit / init
+#   clean       memcheck, initcheck            errors / clean
+#   pinned-oob  memcheck                       informational only (does memcheck
+#                                              check pinned host memory at all?)
+#
+# EMM_BACKEND and the other EMM_* variables in the environment apply to the
+# libemm runs. Prints one row a case and tool (without, with, same or
+# DIFF, seconds of each run) and, for the leak case, any other "Leaked"
+# lines the libemm run printed. Logs stay in $SANITIZE_LOGS (default a
+# temporary folder, printed). Exit 0 when every required row agrees, 1
+# otherwise, 77 without compute-sanitizer or a GPU.
+set -uo pipefail
+prog="${1:?usage: run-sanitize.sh PROGRAM LIBEMM [CASE...]}"
+lib="${2:?usage: run-sanitize.sh PROGRAM LIBEMM [CASE...]}"
+shift 2
+cases=("$@")
+[ ${#cases[@]} -eq 0 ] && cases=(oob uaf capture vmm-uaf leak reuse clean pinned-oob)
+
+missing=$(env -u LD_PRELOAD ldd "$prog" 2>/dev/null | awk '/=> not found/ {print $1}' | tr '\n' ' ')
+if [ -n "$missing" ]; then
+	echo "skip: $(basename "$prog") needs ${missing}which is not installed here"
+	exit 77
+fi
+cs="${COMPUTE_SANITIZER:-}"
+if [ -z "$cs" ]; then
+	for c in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
+		/usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+		[ -n "$c" ] && [ -x "$c" ] && { cs=$c; break; }
+	done
+fi
+if [ -z "$cs" ]; then
+	echo "skip: compute-sanitizer not found (set COMPUTE_SANITIZER)"
+	exit 77
+fi
+logs="${SANITIZE_LOGS:-$(mktemp -d /tmp/emm-sanitize.XXXXXX)}"
+mkdir -p "$logs"
+
+# run NAME TOOLARGS... -- CASE: one run, log in $logs/NAME.log, seconds on stdout
+run() {
+	local name=$1 with=$2 c=$3
+	shift 3
+	local t0 t1 env_pre=(env -u LD_PRELOAD)
+	[ "$with" = with ] && env_pre=(env LD_PRELOAD="$lib")
+	t0=$(date +%s.%N)
+	"${env_pre[@]}" "$cs" "$@" "$prog" "$c" >"$logs/$name.log" 2>&1
+	echo "rc=$?" >>"$logs/$name.log"
+	t1=$(date +%s.%N)
+	awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }'
+}
+
+verdict() { # LOG KIND
+	local log=$1 kind=$2
+	case $kind in
+	leak) grep -q "Leaked 1000 bytes" "$log" && echo leak-1000 || echo no-leak-1000 ;;
+	initcheck) grep -q "Uninitialized __global__ memory read" "$log" && echo uninit || echo init ;;
+	*)
+		n=$(sed -n 's/.*ERROR SUMMARY: \([0-9][0-9]*\) error.*/\1/p' "$log" | tail -1)
+		[ -z "$n" ] && { echo "no-summary"; return; }
+		[ "$n" -gt 0 ] && echo "errors($n)" || echo clean
+		;;
+	esac
+}
+
+fail=0
+printf '%-11s %-22s %-16s %-16s %-5s %s\n' case tool without libemm same seconds
+row() { # CASE KIND REQUIRED TOOLARGS...
+	local c=$1 kind=$2 required=$3
+	shift 3
+	local tag="$c-$kind" s0 s1 v0 v1 same
+	s0=$(run "$tag-without" without "$c" "$@")
+	s1=$(run "$tag-with" with "$c" "$@")
+	if ! grep -q "libemm: absent" "$logs/$tag-without.log" || ! grep -q "libemm: loaded" "$logs/$tag-with.log"; then
+		if grep -q "skip: no GPU" "$logs/$tag-without.log"; then
+			echo "skip: no GPU"
+			exit 77
+		fi
+		echo "$tag: the runs did not load libemm as asked (see $logs/$tag-*.log)"
+		fail=1
+		return
+	fi
+	v0=$(verdict "$logs/$tag-without.log" "$kind")
+	v1=$(verdict "$logs/$tag-with.log" "$kind")
+	# Compare the kind of verdict, not the count of reports.
+	if [ "${v0%%(*}" = "${v1%%(*}" ]; then same=same; else same=DIFF; fi
+	# A run the tool did not finish (no summary) proves nothing.
+	[ "$v0" = no-summary ] || [ "$v1" = no-summary ] && same=DIFF
+	[ "$required" = info ] && same="$same(info)"
+	printf '%-11s %-22s %-16s %-16s %-5s %s / %s\n' "$c" "$kind" "$v0" "$v1" "$same" "$s0" "$s1"
+	[ "$same" = DIFF ] && fail=1
+	if [ "$kind" = leak ]; then
+		grep -h "Leaked" "$logs/$tag-with.log" | grep -v "Leaked 1000 bytes" | sed 's/^/    libemm run also: /' | head -5
+	fi
+}
+
+for c in "${cases[@]}"; do
+	case $c in
+	leak) row leak leak required --tool memcheck --leak-check full ;;
+	reuse) row reuse initcheck required --tool initcheck ;;
+	clean)
+		row clean memcheck required --tool memcheck --leak-check full
+		row clean initcheck required --tool initcheck
+		;;
+	pinned-oob) row pinned-oob memcheck info --tool memcheck ;;
+	*) row "$c" memcheck required --tool memcheck ;;
+	esac
+done
+echo "logs: $logs"
+exit $fail

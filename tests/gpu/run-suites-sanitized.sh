@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+# tests/gpu/run-suites-sanitized.sh - the GPU and race suites under
+# compute-sanitizer's memcheck with libemm (issue 16): every test runs once
+# as usual and once wrapped in `compute-sanitizer --tool memcheck`; prints
+# the wall time of both passes, each test whose result changed, and each
+# test for which memcheck reported errors (with the report's first lines),
+# so that they can be compared with the same program run without libemm.
+#
+#   tests/gpu/run-suites-sanitized.sh [BUILDDIR]
+#
+# BUILDDIR defaults to build-gpu. Exit 77 without compute-sanitizer, 0
+# otherwise (the report is the result).
+set -u
+here=$(cd "$(dirname "$0")" && pwd)
+build=${1:-$here/../../build-gpu}
+cs="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)}"
+[ -x "$cs" ] || { echo "skip: compute-sanitizer not found (set COMPUTE_SANITIZER)"; exit 77; }
+
+t0=$(date +%s)
+meson test -C "$build" --suite gpu --suite race --logbase plain >/dev/null 2>&1
+t1=$(date +%s)
+meson test -C "$build" --suite gpu --suite race --logbase memcheck --timeout-multiplier 10 \
+	--wrapper "$cs --tool memcheck" >/dev/null 2>&1
+t2=$(date +%s)
+echo "plain: $((t1 - t0)) s; under memcheck: $((t2 - t1)) s"
+# meson names the wrapped pass's log after the wrapper: memcheck-<name>.json
+memlog=$(ls -t "$build"/meson-logs/memcheck*.json | head -1)
+python3 - "$build/meson-logs/plain.json" "$memlog" <<'PY'
+import json, re, sys
+def load(p):
+    return {t['name']: t for t in map(json.loads, open(p))}
+plain, mem = load(sys.argv[1]), load(sys.argv[2])
+for name in sorted(mem):
+    t = mem[name]
+    before = plain.get(name, {}).get('result', '?')
+    if t['result'] != before:
+        print(f'{name}: {before} -> {t["result"]} under memcheck')
+    out = t.get('stdout') or ''
+    errs = [int(n) for n in re.findall(r'ERROR SUMMARY: (\d+) error', out)]
+    if any(errs):
+        print(f'{name}: memcheck reported {sum(errs)} errors')
+        for line in [l for l in out.splitlines() if l.startswith('=========')][:6]:
+            print('    ' + line)
+PY

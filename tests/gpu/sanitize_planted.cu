@@ -1,0 +1,188 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/gpu/sanitize_planted.cu - memory errors planted for
+ * compute-sanitizer, one a run, so that tests/gpu/run-sanitize.sh can run
+ * each under the tool with and without libemm and require the same verdict
+ * (issue 16). Without libemm's annotations (process/annotate.c) every
+ * planted access lands inside a live segment and memcheck sees nothing.
+ *
+ *   sanitize-planted CASE
+ *
+ *   oob        write 40 bytes past the end of a 1000-byte block into its
+ *              neighbour (memcheck: invalid __global__ write)
+ *   uaf        write into a freed 1000-byte block whose segment stays live
+ *              (memcheck: invalid __global__ write)
+ *   leak       a 1000-byte block never freed (memcheck --leak-check full:
+ *              "Leaked 1000 bytes")
+ *   reuse      a 1000-byte block written, freed, then a block of the same
+ *              size allocated (libemm hands out the same memory) and read
+ *              before any write (initcheck: uninitialized read?)
+ *   capture    a block allocated during a relaxed stream capture, written
+ *              40 bytes past its end by the captured graph (memcheck)
+ *   vmm-uaf    a 4 MiB buffer made with the VMM calls (reserve, create, map,
+ *              set access) and freed (unmap, release, address free), then
+ *              written (memcheck: invalid write; libemm keeps it mapped)
+ *   clean      all of the above done right: no report in either run
+ *   pinned-oob a kernel writes past a 1000-byte cudaMallocHost block
+ *              (informational: does memcheck check pinned host memory?)
+ *
+ * Prints "libemm: loaded" or "libemm: absent" so the runner knows which
+ * run it got. Exit 77 without a GPU; otherwise 0 whatever the tool found
+ * (the verdict is the tool's output, not the exit status).
+ */
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpu_common.h"
+
+__global__ void fill(unsigned char *p, size_t off, size_t n, unsigned char v)
+{
+	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+
+	if (i < n)
+		p[off + i] = v;
+}
+
+__global__ void copy(const unsigned char *src, unsigned char *dst, size_t n)
+{
+	size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x;
+
+	if (i < n)
+		dst[i] = src[i];
+}
+
+/* XLA's VMM allocation and free, as tests/shims/shims_vmm.h. */
+static CUdeviceptr vmm_alloc(size_t size, CUmemGenericAllocationHandle *h)
+{
+	CUmemAllocationProp p;
+	CUmemAccessDesc d;
+	CUdeviceptr va = 0;
+
+	memset(&p, 0, sizeof(p));
+	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	p.location.id = 0;
+	memset(&d, 0, sizeof(d));
+	d.location = p.location;
+	d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	if (cuMemAddressReserve(&va, size, 0, 0, 0) != CUDA_SUCCESS || cuMemCreate(h, size, &p, 0) != CUDA_SUCCESS ||
+	    cuMemMap(va, size, 0, *h, 0) != CUDA_SUCCESS || cuMemSetAccess(va, size, &d, 1) != CUDA_SUCCESS)
+		return 0;
+	return va;
+}
+
+static void sync_quiet(void)
+{
+	/* An error the tool caught may fail the launch: that is the point. */
+	(void)cudaDeviceSynchronize();
+	(void)cudaGetLastError();
+}
+
+int main(int argc, char **argv)
+{
+	const char *c = argc > 1 ? argv[1] : "clean";
+	unsigned char *a = NULL, *b = NULL, *out = NULL;
+	int n = 0;
+
+	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+		printf("skip: no GPU\n");
+		return GPU_SKIP;
+	}
+	printf("libemm: %s\n", gpu_emm_present() ? "loaded" : "absent");
+	if (cudaMalloc(&out, 1000) != cudaSuccess)
+		return 1;
+	cudaMemset(out, 0, 1000);
+
+	if (strcmp(c, "oob") == 0) {
+		cudaMalloc(&a, 1000);
+		cudaMalloc(&b, 1000);
+		fill<<<1, 40>>>(a, 1000, 40, 1); /* a[1000..1039] */
+		sync_quiet();
+		cudaFree(a);
+		cudaFree(b);
+	} else if (strcmp(c, "uaf") == 0) {
+		cudaMalloc(&a, 1000);
+		cudaMalloc(&b, 1000); /* keeps the segment alive */
+		cudaFree(a);
+		fill<<<1, 64>>>(a, 0, 64, 2);
+		sync_quiet();
+		cudaFree(b);
+	} else if (strcmp(c, "leak") == 0) {
+		cudaMalloc(&a, 1000);
+		fill<<<4, 256>>>(a, 0, 1000, 3);
+		sync_quiet();
+		/* a is never freed */
+	} else if (strcmp(c, "reuse") == 0) {
+		cudaMalloc(&a, 1000);
+		fill<<<4, 256>>>(a, 0, 1000, 4);
+		sync_quiet();
+		cudaFree(a);
+		cudaMalloc(&b, 1000);
+		printf("reused: %s\n", a == b ? "same address" : "other address");
+		copy<<<4, 256>>>(b, out, 1000); /* reads b before any write */
+		sync_quiet();
+		cudaFree(b);
+	} else if (strcmp(c, "capture") == 0) {
+		cudaStream_t s;
+		cudaGraph_t g;
+		cudaGraphExec_t ge;
+
+		cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+		cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed);
+		cudaMalloc(&a, 1000);
+		cudaMalloc(&b, 1000);
+		fill<<<1, 40, 0, s>>>(a, 1000, 40, 5);
+		cudaStreamEndCapture(s, &g);
+		if (cudaGraphInstantiate(&ge, g, 0) == cudaSuccess) {
+			cudaGraphLaunch(ge, s);
+			cudaStreamSynchronize(s);
+			cudaGraphExecDestroy(ge);
+		}
+		sync_quiet();
+		cudaGraphDestroy(g);
+		cudaFree(a);
+		cudaFree(b);
+		cudaStreamDestroy(s);
+	} else if (strcmp(c, "vmm-uaf") == 0) {
+		CUmemGenericAllocationHandle h;
+		size_t size = 4u << 20;
+		CUdeviceptr va = vmm_alloc(size, &h);
+
+		if (!va)
+			return 1;
+		fill<<<1, 64>>>((unsigned char *)va, 0, 64, 9);
+		sync_quiet();
+		cuMemUnmap(va, size);
+		cuMemRelease(h);
+		cuMemAddressFree(va, size);
+		fill<<<1, 64>>>((unsigned char *)va, 0, 64, 10);
+		sync_quiet();
+	} else if (strcmp(c, "pinned-oob") == 0) {
+		unsigned char *h = NULL;
+
+		cudaMallocHost(&h, 1000);
+		cudaMallocHost(&a, 1000);
+		fill<<<1, 40>>>(h, 1000, 40, 6);
+		sync_quiet();
+		cudaFreeHost(h);
+		cudaFreeHost(a);
+		a = NULL;
+	} else { /* clean */
+		for (int i = 0; i < 4; i++) {
+			cudaMalloc(&a, 1000);
+			fill<<<4, 256>>>(a, 0, 1000, 7);
+			copy<<<4, 256>>>(a, out, 1000);
+			sync_quiet();
+			cudaFree(a);
+		}
+		cudaMalloc(&a, 3u << 20);
+		fill<<<(3u << 20) / 256, 256>>>(a, 0, 3u << 20, 8);
+		sync_quiet();
+		cudaFree(a);
+	}
+	cudaFree(out);
+	printf("case %s: done\n", c);
+	return 0;
+}

@@ -1,0 +1,169 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/shims/test_annotate.c - the NVTX memory annotations (process/
+ * annotate.c) over the test-double driver, with fake_nvtx_tool.so standing
+ * in for compute-sanitizer (NVTX_INJECTION64_PATH). Modes:
+ *   tool  - every device segment is a live heap while libemm holds it, each
+ *           block a region of the size asked for while the program owns it
+ *           (gone at its free, back at its reuse, never for a double free),
+ *           pinned blocks are not annotated, segments given back take their
+ *           heaps with them; the tool saw no misuse.
+ *   exit  - a block left live and a cached idle segment at exit: libemm's
+ *           exit handler gives the idle segment back before the tool's
+ *           leak check, so only the leaked block's heap and region are
+ *           live (FAKE_NVTX_EXIT_HEAPS=1: the fake tool checks at exit).
+ *   vmm   - a whole VMM buffer the program freed and libemm keeps mapped
+ *           is a heap with no region while idle (any access is to freed
+ *           memory), and not once it is handed back or given back.
+ *   none  - the tool takes no memory call (FAKE_NVTX_SLOTS=none): libemm
+ *           makes none, and serves as usual.
+ * Failure is exit status 1 with a message.
+ */
+#include <cuda.h>
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shims_common.h"
+#include "shims_vmm.h"
+
+static unsigned long long (*count)(int);
+static size_t (*region)(uintptr_t);
+static size_t (*heap)(uintptr_t);
+
+enum { HEAPS, REGIONS, ERRORS, HEAP_REGS, HEAP_UNREGS, REGION_REGS, REGION_UNREGS };
+
+#define CHECK(cond)                                                                                        \
+	do {                                                                                               \
+		if (!(cond)) {                                                                             \
+			fprintf(stderr, "test_annotate: line %d: %s (heaps %llu regions %llu errors %llu)\n", \
+			        __LINE__, #cond, count(HEAPS), count(REGIONS), count(ERRORS));             \
+			exit(1);                                                                           \
+		}                                                                                          \
+	} while (0)
+
+static void find_tool(void)
+{
+	const char *path = getenv("NVTX_INJECTION64_PATH");
+	void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+
+	if (!h) {
+		fprintf(stderr, "test_annotate: the fake tool %s was not loaded\n", path ? path : "(unset)");
+		exit(1);
+	}
+	count = (unsigned long long (*)(int))dlsym(h, "fake_nvtx_count");
+	region = (size_t (*)(uintptr_t))dlsym(h, "fake_nvtx_region");
+	heap = (size_t (*)(uintptr_t))dlsym(h, "fake_nvtx_heap");
+	if (!count || !region || !heap)
+		exit(1);
+}
+
+static void tool_mode(void)
+{
+	CUdeviceptr a, b, c, big;
+	void *host;
+	unsigned long long unregs;
+
+	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+	find_tool(); /* loaded at libemm's first segment */
+	CHECK(count(HEAPS) == 1);
+	CHECK(region(a) == 1000);
+	CHECK(cuMemAlloc(&b, 1000) == CUDA_SUCCESS);
+	CHECK(region(b) == 1000 && count(REGIONS) == 2 && count(HEAPS) == 1);
+
+	CHECK(cuMemFree(a) == CUDA_SUCCESS);
+	CHECK(region(a) == 0 && count(REGIONS) == 1);
+	unregs = count(REGION_UNREGS);
+	CHECK(cuMemFree(a) != CUDA_SUCCESS); /* double free: the driver's error, no unregister */
+	CHECK(cuMemFree(a + 8) != CUDA_SUCCESS);
+	CHECK(count(REGION_UNREGS) == unregs);
+
+	CHECK(cuMemAlloc(&c, 700) == CUDA_SUCCESS);
+	CHECK(region(c) == 700);
+
+	/* Pinned host blocks: not annotated (see annotate.c). */
+	CHECK(cuMemAllocHost(&host, 4096) == CUDA_SUCCESS);
+	CHECK(count(REGIONS) == 2 && count(HEAPS) == 1);
+	CHECK(cuMemFreeHost(host) == CUDA_SUCCESS);
+	CHECK(count(REGIONS) == 2);
+
+	/* A large block: a segment of its own, a second heap. */
+	CHECK(cuMemAlloc(&big, 30u << 20) == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 2 && region(big) == 30u << 20);
+	CHECK(cuMemFree(big) == CUDA_SUCCESS);
+	CHECK(region(big) == 0);
+
+	CHECK(cuMemFree(b) == CUDA_SUCCESS);
+	CHECK(cuMemFree(c) == CUDA_SUCCESS);
+	CHECK(count(REGIONS) == 0);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(shims_release_idle(0, 0) >= 0);
+	/* Every segment went back: their heaps are gone too. */
+	CHECK(count(HEAPS) == 0);
+	CHECK(count(HEAP_UNREGS) == count(HEAP_REGS) && count(HEAP_REGS) == 2);
+	CHECK(count(ERRORS) == 0);
+}
+
+static void exit_mode(void)
+{
+	CUdeviceptr leaked, big;
+
+	CHECK(cuMemAlloc(&leaked, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuMemAlloc(&big, 30u << 20) == CUDA_SUCCESS);
+	CHECK(cuMemFree(big) == CUDA_SUCCESS);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 2 && count(REGIONS) == 1);
+	/* exit: the fake tool's destructor checks 1 heap, 1 region */
+}
+
+static void vmm_mode(void)
+{
+	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAccessDesc d = shims_vmm_access(0);
+	size_t size = 4u << 20;
+	struct buf a, b;
+
+	CHECK(shims_vmm_alloc(&a, size, &p, &d, 1) == CUDA_SUCCESS);
+	CHECK(shims_vmm_free(&a) == CUDA_SUCCESS);
+	find_tool(); /* loaded when the first buffer went idle */
+	CHECK(heap(a.va) == size && count(REGIONS) == 0);
+	CHECK(shims_vmm_alloc(&b, size, &p, &d, 1) == CUDA_SUCCESS);
+	CHECK(b.va == a.va); /* from the cache */
+	CHECK(heap(a.va) == 0);
+	CHECK(shims_vmm_free(&b) == CUDA_SUCCESS);
+	CHECK(heap(a.va) == size);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(shims_release_idle(0, 0) >= 0); /* made real: the heap goes */
+	CHECK(heap(a.va) == 0 && count(HEAPS) == 0);
+	CHECK(count(HEAP_REGS) == 2 && count(ERRORS) == 0);
+}
+
+static void none_mode(void)
+{
+	CUdeviceptr a;
+
+	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuMemFree(a) == CUDA_SUCCESS);
+	CHECK(count(HEAP_REGS) == 0 && count(REGION_REGS) == 0 && count(REGION_UNREGS) == 0);
+}
+
+int main(int argc, char **argv)
+{
+	const char *mode = argc > 1 ? argv[1] : "tool";
+
+	shims_setup();
+	if (strcmp(mode, "none") == 0)
+		none_mode();
+	else if (strcmp(mode, "exit") == 0)
+		exit_mode();
+	else if (strcmp(mode, "vmm") == 0)
+		vmm_mode();
+	else
+		tool_mode();
+	printf("test_annotate %s: ok\n", mode);
+	return 0;
+}
