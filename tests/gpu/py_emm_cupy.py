@@ -84,7 +84,8 @@ def test_emm_vs_pool():
         pin = b[PINNED]["allocs"] - a[PINNED]["allocs"]
         case.made += dev + pin
         case.check(dev > 500, "round %d: libemm served %d device allocations" % (r, dev))
-        case.check(pin >= 20, "round %d: libemm served %d pinned allocations" % (r, pin))
+        # 3 pinned buffers per workload (the staging one and one per stream), 5 workloads
+        case.check(pin >= 15, "round %d: libemm served %d pinned allocations, want 15" % (r, pin))
         ratios.append(t_pool / t_emm)
         print("round %d: CuPy pool %.3f s, libemm %.3f s (pool/libemm %.2fx); libemm device +%d pinned +%d"
               % (r, t_pool, t_emm, t_pool / t_emm, dev, pin), flush=True)
