@@ -67,7 +67,7 @@ struct emm_options {
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
 	unsigned arenas;	   /* EMM_ARENAS: arenas per heap (0: one per CPU, <= 64) */
-	bool thread_cache;	   /* EMM_THREAD_CACHE: per-thread front cache (on) */
+	bool thread_cache;	   /* EMM_THREAD_CACHE: per-thread front cache (off) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
 	enum emm_opt_vmm vmm;	   /* EMM_VMM: cache|count|off (cache) */
 	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */

@@ -188,7 +188,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_PINNED=0",
 		"EMM_RUNTIME_SHIMS=NO",
 		"EMM_ARENAS=4",
-		"EMM_THREAD_CACHE=off",
+		"EMM_THREAD_CACHE=on",
 		"EMM_TEARDOWN_WAIT=250",
 		"EMM_VMM=Count",
 		"EMM_VMM_REAP_MS=250",
@@ -231,7 +231,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.pinned);
 	expect_false(p.o.runtime_shims);
 	expect_int_eq(p.o.arenas, 4);
-	expect_false(p.o.thread_cache);
+	expect_true(p.o.thread_cache);
 	expect_int_eq(p.o.vmm, EMM_OPT_VMM_COUNT);
 	expect_str_eq(p.o.ipc_dir, "/run/user/1000");
 	for (int i = 0; i < EMM_OPT__COUNT; i++)

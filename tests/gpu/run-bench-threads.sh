@@ -6,8 +6,9 @@
 # buffers of 256 B - 8 MiB and replaces one per iteration) for 1, 2, 4, 8,
 # 16 threads, in ROUNDS (3) interleaved rounds of
 #
-#   emm        libemm, cudaMalloc/cudaFree (thread cache on: the default)
-#   emm-notc   libemm with EMM_THREAD_CACHE=0 (the shared arenas alone)
+#   emm        libemm, cudaMalloc/cudaFree with EMM_THREAD_CACHE=1
+#   emm-notc   libemm with EMM_THREAD_CACHE=0 (the default: the shared
+#              arenas alone)
 #   emm-async  libemm, cudaMallocAsync/cudaFreeAsync on per-thread
 #              non-blocking streams
 #   cuda-async no libemm: cudaMallocAsync on CUDA's default pool (kept),
@@ -42,7 +43,7 @@ failed=0
 for r in $(seq 1 "$rounds"); do
 	for v in emm emm-notc emm-async cuda-async; do
 		case $v in
-		emm) cmd=(env LD_PRELOAD="$lib" "$bench" --api malloc) ;;
+		emm) cmd=(env LD_PRELOAD="$lib" EMM_THREAD_CACHE=1 "$bench" --api malloc) ;;
 		emm-notc) cmd=(env LD_PRELOAD="$lib" EMM_THREAD_CACHE=0 "$bench" --api malloc) ;;
 		emm-async) cmd=(env LD_PRELOAD="$lib" "$bench" --api async) ;;
 		cuda-async) cmd=(env -u LD_PRELOAD "$bench" --api async) ;;
@@ -55,7 +56,7 @@ done
 
 echo "bench-threads: $rounds interleaved rounds, $iters iterations per thread, $(nvidia-smi -L 2>/dev/null | head -1)"
 echo
-echo "| threads | libemm cudaMalloc | libemm, EMM_THREAD_CACHE=0 | libemm cudaMallocAsync | CUDA pool cudaMallocAsync |"
+echo "| threads | libemm cudaMalloc, EMM_THREAD_CACHE=1 | libemm cudaMalloc, EMM_THREAD_CACHE=0 (default) | libemm cudaMallocAsync | CUDA pool cudaMallocAsync |"
 echo "|---|---|---|---|---|"
 awk '
 function median(s,   a, n, i, j, t) {
@@ -79,7 +80,10 @@ END {
 	}
 	lo = ts[1]; hi = ts[n]
 	if (m[1, lo] > 0 && m[4, hi] > 0)
-		printf "\nlibemm cudaMalloc: %d threads / %d thread = %.2fx (target >= 8x); vs CUDA pool at %d threads = %.1fx (target >= 20x); thread cache on/off at %d threads = %.2fx\n",
+		printf "\nlibemm cudaMalloc, cache on: %d threads / %d thread = %.2fx (target >= 8x); vs CUDA pool at %d threads = %.1fx (target >= 20x); thread cache on/off at %d threads = %.2fx\n",
 		       hi, lo, m[1, hi] / m[1, lo], hi, m[1, hi] / m[4, hi], hi, (m[2, hi] > 0 ? m[1, hi] / m[2, hi] : 0)
+	if (m[2, lo] > 0 && m[4, hi] > 0)
+		printf "libemm cudaMalloc, cache off (default): %d threads / %d thread = %.2fx; vs CUDA pool at %d threads = %.1fx\n",
+		       hi, lo, m[2, hi] / m[2, lo], hi, m[2, hi] / m[4, hi]
 }' "$tmp"
 exit $failed
