@@ -110,6 +110,24 @@ if run 0 --snapshot "$tmp/s.pickle" "$D/synthetic-train.csv" && snapcheck "$tmp/
 	ok "--snapshot: the heap and the replayed events as a PyTorch snapshot, up to a failure"
 else bad "--snapshot"; fi
 
+# The traces recorded on the GPU (tests/data/record-traces.sh, H200): each
+# replays on hostsim with the live run's own peak of requested bytes (the
+# live statistics said 5.6 GiB and 413.3 MiB allocated at the peak), and
+# --min-capacity finds a size at which it replays, one step below it fails.
+for t in "pytorch-train 5965915792" "cupy-pool-off 433101488"; do
+	set -- $t
+	if run 0 "$D/$1.csv" && has "^traced peak .*($2 B)"; then
+		ok "$1.csv replays to the live run's peak ($2 B as asked)"
+	else bad "$1.csv replay"; fi
+done
+if run 0 --min-capacity "$D/cupy-pool-off.csv" && has '^minimum capacity'; then
+	cap=$(sed -n 's/^minimum capacity [0-9]* MiB (\([0-9]*\) B).*/\1/p' "$tmp/out" | head -1)
+	if [ -n "$cap" ] && run 0 --capacity "$cap" "$D/cupy-pool-off.csv" &&
+		run 1 --capacity $((cap - 2 * 1024 * 1024)) "$D/cupy-pool-off.csv"; then
+		ok "--min-capacity on a GPU trace: replays at $cap B, fails one 2 MiB step below"
+	else bad "--min-capacity on cupy-pool-off.csv ($cap)"; fi
+else bad "--min-capacity on cupy-pool-off.csv"; fi
+
 # The bundled synthetic trace is what its generator writes.
 if python3 "$D/gen-synthetic-trace.py" -o "$tmp/synthetic.csv" && cmp -s "$tmp/synthetic.csv" "$D/synthetic-train.csv"; then
 	ok "tests/data/synthetic-train.csv is gen-synthetic-trace.py's output"
