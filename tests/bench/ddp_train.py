@@ -15,41 +15,12 @@ sets. Exit 77 without torch, NCCL or two GPUs.
     python3 -m torch.distributed.run --standalone --nproc-per-node=2 ddp_train.py NAME [--steps N]
 """
 import argparse
-import ctypes
 import os
 import sys
-import threading
 import time
 
-
-def nvml_peak_sampler(index):
-    lib = ctypes.CDLL("libnvidia-ml.so.1")
-    lib.nvmlInit_v2()
-    handle = ctypes.c_void_p()
-    lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle))
-
-    class Mem(ctypes.Structure):
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
-
-    peak = [0]
-    stop = threading.Event()
-
-    def sample():
-        m = Mem()
-        while not stop.is_set():
-            if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(m)) == 0:
-                peak[0] = max(peak[0], m.used)
-            time.sleep(0.002)
-
-    t = threading.Thread(target=sample, daemon=True)
-    t.start()
-
-    def finish():
-        stop.set()
-        t.join()
-        return peak[0]
-
-    return finish
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_train import nvml_used_sampler  # noqa: E402
 
 
 def nvml_index(local_rank):
@@ -95,7 +66,7 @@ def main():
     warm = 3
     lengths = [int(x) for x in torch.randint(64, 1024, (args.steps + warm,), generator=g)]
     data_g = torch.Generator(device=dev).manual_seed(args.seed + rank)
-    finish = nvml_peak_sampler(nvml_index(local))
+    finish = nvml_used_sampler(nvml_index(local))
     loss = None
     t0 = None
     for step, n in enumerate(lengths):

@@ -28,12 +28,13 @@ import threading
 import time
 
 
-def nvml_used_sampler():
-    """A callable returning the peak used bytes seen so far, and a stop()."""
+def nvml_used_sampler(index=0):
+    """Sample NVML's used memory of GPU `index` every 2 ms from a thread;
+    returns finish(), which stops it and gives the peak used bytes."""
     lib = ctypes.CDLL("libnvidia-ml.so.1")
     lib.nvmlInit_v2()
     handle = ctypes.c_void_p()
-    lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+    lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle))
 
     class Mem(ctypes.Structure):
         _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
