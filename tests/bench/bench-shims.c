@@ -104,6 +104,7 @@ struct worker {
 	pthread_t tid;
 	int id;
 	bool ok;
+	double t0, t1; /* its timed section (the main thread's clock may start late) */
 };
 
 static bool do_alloc(CUdeviceptr *p, size_t n, CUstream s)
@@ -156,6 +157,7 @@ static void *worker_main(void *arg)
 		for (int i = 0; ok && i < LIVE; i++)
 			ok = do_alloc(&live[i], random_size(&rng), s);
 	pthread_barrier_wait(&start);
+	w->t0 = now_s();
 	for (unsigned long long i = 0; ok && i < pairs_per_thread; i++) {
 		if (lifo) {
 			CUdeviceptr p;
@@ -165,6 +167,7 @@ static void *worker_main(void *arg)
 			ok = do_free(live[k], s) && do_alloc(&live[k], random_size(&rng), s);
 		}
 	}
+	w->t1 = now_s();
 	if (!lifo)
 		for (int i = 0; i < LIVE; i++)
 			(void)do_free(live[i], s);
@@ -193,10 +196,14 @@ static int run(unsigned nthreads)
 	for (unsigned i = 0; i < NCOUNTED_RT; i++)
 		before_rt[i] = fakecudart_calls(counted_rt[i]);
 	pthread_barrier_wait(&start);
-	t0 = now_s();
 	for (unsigned i = 0; i < nthreads; i++)
 		pthread_join(w[i].tid, NULL);
-	t1 = now_s();
+	t0 = w[0].t0;
+	t1 = w[0].t1;
+	for (unsigned i = 1; i < nthreads; i++) {
+		t0 = w[i].t0 < t0 ? w[i].t0 : t0;
+		t1 = w[i].t1 > t1 ? w[i].t1 : t1;
+	}
 	pthread_barrier_destroy(&start);
 	double pairs = (double)pairs_per_thread * nthreads;
 	int bad = 0;
