@@ -33,6 +33,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -47,11 +48,21 @@ cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t 
 
 #define RUNTIME_MISSING cudaErrorInitializationError
 
-/* Forward to the next definition of `name`, typed as `type`. */
+/* Forward to the next definition of `name`, typed as `type`. Each call
+ * site keeps what it found (found once, it stays: a loaded cudart is never
+ * unloaded under a program that calls it), so a delegated call pays one
+ * load, not emm_real_runtime's hash and string compare (95 instructions a
+ * call: tests/bench/RESULTS.md section 16). Not found is asked again. */
 #define DELEGATE(type, name, ...)                                                                            \
 	do {                                                                                                 \
-		type real_ = (type)emm_real_runtime(name);                                                   \
-		return real_ ? real_(__VA_ARGS__) : RUNTIME_MISSING;                                         \
+		static _Atomic(void *) found_;                                                               \
+		void *fn_ = atomic_load_explicit(&found_, memory_order_acquire);                             \
+		if (EMM_UNLIKELY(!fn_)) {                                                                    \
+			fn_ = emm_real_runtime(name);                                                        \
+			if (fn_)                                                                             \
+				atomic_store_explicit(&found_, fn_, memory_order_release);                   \
+		}                                                                                            \
+		return fn_ ? ((type)fn_)(__VA_ARGS__) : RUNTIME_MISSING;                                     \
 	} while (0)
 
 typedef cudaError_t (*malloc_fn)(void **, size_t);

@@ -119,6 +119,7 @@ extern struct emm_backend_host st_host;
 extern _Atomic(const struct emm_real_driver_table *) st_real;
 extern struct emm_state_real_extra st_extra;
 extern pthread_once_t st_extra_once;
+extern atomic_bool st_extra_ready; /* st_extra_init has run (its last store) */
 
 void st_extra_init(void);
 
@@ -145,8 +146,12 @@ static inline const struct emm_real_driver_table *st_real_table(void)
 	return emm_state_real();
 }
 
+/* One load once the table is built (the context lookup asks twice a
+ * cached pair); pthread_once only before. */
 static inline const struct emm_state_real_extra *st_real_extra(void)
 {
+	if (EMM_LIKELY(atomic_load_explicit(&st_extra_ready, memory_order_acquire)))
+		return &st_extra;
 	pthread_once(&st_extra_once, st_extra_init);
 	return &st_extra;
 }

@@ -79,6 +79,7 @@ static const struct emm_real_driver_table st_null_real;
 _Atomic(const struct emm_real_driver_table *) st_real;
 struct emm_state_real_extra st_extra;
 pthread_once_t st_extra_once = PTHREAD_ONCE_INIT;
+atomic_bool st_extra_ready;
 
 const struct emm_real_driver_table *emm_state_real(void)
 {
@@ -127,6 +128,7 @@ void st_extra_init(void)
 	EXTRA_AS(graph_exec_update_v1, "cuGraphExecUpdate");
 	EXTRA_AS(graph_exec_update_v2, "cuGraphExecUpdate_v2");
 #undef EXTRA_AS
+	atomic_store_explicit(&st_extra_ready, true, memory_order_release);
 }
 
 const struct emm_state_real_extra *emm_state_real_extra(void)

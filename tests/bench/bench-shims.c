@@ -6,12 +6,17 @@
  * the device replaced by host memory. Run it with LD_PRELOAD=libemm.so and
  * the fake's folder first in LD_LIBRARY_PATH (tests/bench/run-shims.sh).
  *
- *   bench-shims [--pattern ws|lifo] [--api sync|async] [--threads 1,2,4]
+ *   bench-shims [--pattern ws|lifo] [--api sync|async|rt|rt-async] [--threads 1,2,4]
  *               [--pairs N] [--size BYTES] [--nb-streams N]
  *
  * --nb-streams N creates N idle non-blocking streams first: every epoch
  * close then records 1 + N events and polls them (what closing an epoch
  * costs, in driver calls and instructions, with them alive).
+ * --pre-size BYTES makes 1000 untimed pairs of that size (same API, legacy
+ * stream) before the timed ones: the heap's history, which decides how
+ * often a large request finds a completed block (FAKECUDA_EVENT_DELAY=N
+ * makes each event complete only at its N-th query, as a device would a
+ * few microseconds after the record).
  *
  * Patterns (the GPU's tests/gpu/bench_threads.cu does the same on a GPU):
  *   ws   - every thread keeps 64 live buffers of random sizes (256 B - 8 MiB,
@@ -19,7 +24,12 @@
  *          random and allocates one of a new random size
  *   lifo - allocate --size bytes (64 KiB) and free it at once
  * APIs: sync (cuMemAlloc_v2/cuMemFree_v2) or async (cuMemAllocAsync/
- * cuMemFreeAsync on a per-thread non-blocking stream).
+ * cuMemFreeAsync on a per-thread non-blocking stream); rt (cudaMalloc/
+ * cudaFree) or rt-async (cudaMallocAsync/cudaFreeAsync on a per-thread
+ * non-blocking stream) through the test-double shared cudart
+ * (tests/interpose/fakecudart, which the program links): libemm's runtime
+ * shims serve them (interpose/shims_runtime.c), or with EMM_RUNTIME_SHIMS=0
+ * the fake cudart calls libemm's driver shims, as a real one would.
  *
  * Prints per thread count: million pairs per second (all threads), and the
  * driver calls per pair that reached the fake in the timed section (the
@@ -29,6 +39,7 @@
  * is the instructions per pair (run-shims.sh does it).
  */
 #include <cuda.h>
+#include <cuda_runtime_api.h>
 #include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
@@ -42,11 +53,15 @@
 
 #define LIVE 64
 
-static bool async_api, lifo;
+enum api { API_SYNC, API_ASYNC, API_RT, API_RT_ASYNC };
+static const char *const api_names[] = {"sync", "async", "rt", "rt-async"};
+static enum api api;
+static bool lifo;
 static size_t lifo_size = 64 << 10;
 static unsigned long long pairs_per_thread = 200000;
 static CUcontext g_ctx;
 static unsigned nb_streams;
+static size_t pre_size; /* --pre-size: untimed pairs of this size first */
 static pthread_barrier_t start; /* the workers' fill done: the clock starts */
 
 /* Driver calls the shims make on their own behalf (counted per pair). */
@@ -56,6 +71,12 @@ static const char *const counted[] = {
 	"cuStreamGetCaptureInfo_v3", "cuStreamIsCapturing", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
 };
 #define NCOUNTED (sizeof(counted) / sizeof(counted[0]))
+
+/* Runtime calls that reached the fake cudart (not served by libemm's
+ * runtime shims), counted per pair the same way. */
+uint64_t fakecudart_calls(const char *name);
+static const char *const counted_rt[] = {"cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync"};
+#define NCOUNTED_RT (sizeof(counted_rt) / sizeof(counted_rt[0]))
 
 static double now_s(void)
 {
@@ -83,16 +104,43 @@ struct worker {
 	pthread_t tid;
 	int id;
 	bool ok;
+	double t0, t1; /* its timed section (the main thread's clock may start late) */
 };
 
 static bool do_alloc(CUdeviceptr *p, size_t n, CUstream s)
 {
-	return (async_api ? cuMemAllocAsync(p, n, s) : cuMemAlloc(p, n)) == CUDA_SUCCESS;
+	void *v = NULL;
+
+	switch (api) {
+	case API_SYNC:
+		return cuMemAlloc(p, n) == CUDA_SUCCESS;
+	case API_ASYNC:
+		return cuMemAllocAsync(p, n, s) == CUDA_SUCCESS;
+	case API_RT:
+		if (cudaMalloc(&v, n) != cudaSuccess)
+			return false;
+		break;
+	default:
+		if (cudaMallocAsync(&v, n, (cudaStream_t)s) != cudaSuccess)
+			return false;
+		break;
+	}
+	*p = (CUdeviceptr)(uintptr_t)v;
+	return true;
 }
 
 static bool do_free(CUdeviceptr p, CUstream s)
 {
-	return (async_api ? cuMemFreeAsync(p, s) : cuMemFree(p)) == CUDA_SUCCESS;
+	switch (api) {
+	case API_SYNC:
+		return cuMemFree(p) == CUDA_SUCCESS;
+	case API_ASYNC:
+		return cuMemFreeAsync(p, s) == CUDA_SUCCESS;
+	case API_RT:
+		return cudaFree((void *)(uintptr_t)p) == cudaSuccess;
+	default:
+		return cudaFreeAsync((void *)(uintptr_t)p, (cudaStream_t)s) == cudaSuccess;
+	}
 }
 
 static void *worker_main(void *arg)
@@ -103,12 +151,13 @@ static void *worker_main(void *arg)
 	uint64_t rng = 0x9e3779b97f4a7c15ull * (uint64_t)(w->id + 1);
 	bool ok = cuCtxSetCurrent(g_ctx) == CUDA_SUCCESS;
 
-	if (async_api)
+	if (api == API_ASYNC || api == API_RT_ASYNC)
 		ok = ok && cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS;
 	if (!lifo)
 		for (int i = 0; ok && i < LIVE; i++)
 			ok = do_alloc(&live[i], random_size(&rng), s);
 	pthread_barrier_wait(&start);
+	w->t0 = now_s();
 	for (unsigned long long i = 0; ok && i < pairs_per_thread; i++) {
 		if (lifo) {
 			CUdeviceptr p;
@@ -118,6 +167,7 @@ static void *worker_main(void *arg)
 			ok = do_free(live[k], s) && do_alloc(&live[k], random_size(&rng), s);
 		}
 	}
+	w->t1 = now_s();
 	if (!lifo)
 		for (int i = 0; i < LIVE; i++)
 			(void)do_free(live[i], s);
@@ -130,7 +180,7 @@ static void *worker_main(void *arg)
 static int run(unsigned nthreads)
 {
 	struct worker *w = calloc(nthreads, sizeof(*w));
-	uint64_t before[NCOUNTED];
+	uint64_t before[NCOUNTED], before_rt[NCOUNTED_RT];
 	double t0, t1;
 
 	if (!w)
@@ -143,27 +193,48 @@ static int run(unsigned nthreads)
 	}
 	for (unsigned i = 0; i < NCOUNTED; i++)
 		before[i] = fakecuda_calls(counted[i]);
+	for (unsigned i = 0; i < NCOUNTED_RT; i++)
+		before_rt[i] = fakecudart_calls(counted_rt[i]);
 	pthread_barrier_wait(&start);
-	t0 = now_s();
 	for (unsigned i = 0; i < nthreads; i++)
 		pthread_join(w[i].tid, NULL);
-	t1 = now_s();
+	t0 = w[0].t0;
+	t1 = w[0].t1;
+	for (unsigned i = 1; i < nthreads; i++) {
+		t0 = w[i].t0 < t0 ? w[i].t0 : t0;
+		t1 = w[i].t1 > t1 ? w[i].t1 : t1;
+	}
 	pthread_barrier_destroy(&start);
 	double pairs = (double)pairs_per_thread * nthreads;
 	int bad = 0;
 	for (unsigned i = 0; i < nthreads; i++)
 		bad += !w[i].ok;
-	printf("%-4s %-5s nb %u threads %2u: %8.3f M pairs/s, %7.1f ns per pair per thread; driver calls per pair:",
-	       lifo ? "lifo" : "ws", async_api ? "async" : "sync", nb_streams, nthreads, pairs / (t1 - t0) / 1e6,
+	printf("%-4s %-8s nb %u threads %2u: %8.3f M pairs/s, %7.1f ns per pair per thread; driver calls per pair:",
+	       lifo ? "lifo" : "ws", api_names[api], nb_streams, nthreads, pairs / (t1 - t0) / 1e6,
 	       (t1 - t0) * 1e9 * nthreads / pairs);
 	for (unsigned i = 0; i < NCOUNTED; i++) {
 		uint64_t d = fakecuda_calls(counted[i]) - before[i];
 		if (d)
 			printf(" %s %.4f", counted[i], (double)d / pairs);
 	}
+	for (unsigned i = 0; i < NCOUNTED_RT; i++) {
+		uint64_t d = fakecudart_calls(counted_rt[i]) - before_rt[i];
+		if (d)
+			printf(" cudart:%s %.4f", counted_rt[i], (double)d / pairs);
+	}
 	printf("%s\n", bad ? " (FAILED CALLS)" : "");
 	free(w);
 	return bad != 0;
+}
+
+static bool parse_api(const char *name)
+{
+	for (unsigned i = 0; i < sizeof(api_names) / sizeof(api_names[0]); i++)
+		if (!strcmp(name, api_names[i])) {
+			api = (enum api)i;
+			return true;
+		}
+	return false;
 }
 
 int main(int argc, char **argv)
@@ -174,19 +245,21 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--pattern") && i + 1 < argc)
 			lifo = !strcmp(argv[++i], "lifo");
-		else if (!strcmp(argv[i], "--api") && i + 1 < argc)
-			async_api = !strcmp(argv[++i], "async");
+		else if (!strcmp(argv[i], "--api") && i + 1 < argc && parse_api(argv[++i]))
+			continue;
 		else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
 			snprintf(threads, sizeof(threads), "%s", argv[++i]);
 		else if (!strcmp(argv[i], "--pairs") && i + 1 < argc)
 			pairs_per_thread = strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--size") && i + 1 < argc)
 			lifo_size = (size_t)strtoull(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--pre-size") && i + 1 < argc)
+			pre_size = (size_t)strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--nb-streams") && i + 1 < argc)
 			nb_streams = (unsigned)strtoul(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: %s [--pattern ws|lifo] [--api sync|async] [--threads 1,2,4] "
-			                "[--pairs N] [--size BYTES] [--nb-streams N]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--pattern ws|lifo] [--api sync|async|rt|rt-async] [--threads 1,2,4] "
+			                "[--pairs N] [--size BYTES] [--nb-streams N] [--pre-size BYTES]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -199,6 +272,13 @@ int main(int argc, char **argv)
 		CUstream s;
 		if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
 			return 1;
+	}
+	for (int i = 0; pre_size && i < 1000; i++) {
+		CUdeviceptr p;
+		if (!do_alloc(&p, pre_size, NULL) || !do_free(p, NULL)) {
+			fprintf(stderr, "--pre-size pairs failed\n");
+			return 1;
+		}
 	}
 	int rc = 0;
 	for (char *save = NULL, *t = strtok_r(threads, ",", &save); t; t = strtok_r(NULL, ",", &save))
