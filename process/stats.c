@@ -222,11 +222,16 @@ static void add_retired(struct emm_stats *out, const struct emm_stats *r)
 	out->allocated_bytes_total += r->allocated_bytes_total;
 	out->requested_bytes_total += r->requested_bytes_total;
 	out->reserved_bytes_total += r->reserved_bytes_total;
-	/* Peaks of a destroyed heap: the larger of it and the live ones. */
-	if (r->allocated_bytes_peak > out->allocated_bytes_peak)
+	/* Peaks of a destroyed heap: the larger of it and the live ones
+	 * (with its error bound). */
+	if (r->allocated_bytes_peak > out->allocated_bytes_peak) {
 		out->allocated_bytes_peak = r->allocated_bytes_peak;
-	if (r->requested_bytes_peak > out->requested_bytes_peak)
+		out->allocated_bytes_peak_error = r->allocated_bytes_peak_error;
+	}
+	if (r->requested_bytes_peak > out->requested_bytes_peak) {
 		out->requested_bytes_peak = r->requested_bytes_peak;
+		out->requested_bytes_peak_error = r->requested_bytes_peak_error;
+	}
 	if (r->reserved_bytes_peak > out->reserved_bytes_peak)
 		out->reserved_bytes_peak = r->reserved_bytes_peak;
 }

@@ -235,6 +235,14 @@ void emm_stats_print_exit(void)
 			         " pools created, %" PRIu64 " destroyed",
 			         s.pool_allocs, s.pool_creates, s.pool_destroys);
 	}
+	if (s.allocated_bytes_peak_error || s.requested_bytes_peak_error) {
+		char ae[32], re[32];
+
+		emm_info("peaks are upper bounds (several arenas): the true allocated peak is at most %s below, "
+		         "the requested at most %s below",
+		         emm_format_bytes(s.allocated_bytes_peak_error, ae, sizeof(ae)),
+		         emm_format_bytes(s.requested_bytes_peak_error, re, sizeof(re)));
+	}
 	print_passby(&s);
 	{
 		uint64_t quarantined = 0, released = 0;

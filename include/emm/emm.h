@@ -109,6 +109,12 @@ struct emm_stats {
 	uint64_t passby_capture_bytes;
 	uint64_t passby_unknown_free_calls;	/* frees of pointers libemm did not hand out */
 	uint64_t passby_unknown_free_bytes;	/* always 0: the size is the driver's */
+	/* version 4 too: the true allocated/requested peak lies in [peak - error, peak]: 0
+	 * means exact. A heap with several arenas (several threads) keeps
+	 * heap-wide peaks from per-arena deltas (no shared counter on the hot
+	 * path); the bound is what those allow. Row "all" adds the devices'. */
+	uint64_t allocated_bytes_peak_error;
+	uint64_t requested_bytes_peak_error;
 };
 
 /* libemm's version string, e.g. "0.1.0". */

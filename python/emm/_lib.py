@@ -40,6 +40,7 @@ passby_vmm_calls passby_vmm_bytes
 passby_pool_calls passby_pool_bytes
 passby_capture_calls passby_capture_bytes
 passby_unknown_free_calls passby_unknown_free_bytes
+allocated_bytes_peak_error requested_bytes_peak_error
 """.split()
 
 

@@ -55,6 +55,7 @@ U64_FIELDS = (
     "passby_pool_calls", "passby_pool_bytes",
     "passby_capture_calls", "passby_capture_bytes",
     "passby_unknown_free_calls", "passby_unknown_free_bytes",
+    "allocated_bytes_peak_error", "requested_bytes_peak_error",
 )
 
 
