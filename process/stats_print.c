@@ -114,9 +114,10 @@ static bool row_used(const struct emm_stats *s)
 /* The "passed by" rows: every family of calls that reached the driver
  * without libemm serving it, with its calls and bytes (the struct's
  * passby_* fields; process-wide). One summary line even when all are 0. */
-static void print_passby(const struct emm_stats *s)
+static void print_passby(const struct emm_stats *s, const uint64_t c[EMM_COUNT__COUNT])
 {
 	static const char *const note_unknown = "(sizes are the driver's)";
+	static const char *const note_uncounted = "(bytes not counted; EMM_LOG has them)";
 	const struct {
 		const char *name;
 		uint64_t calls, bytes;
@@ -129,7 +130,8 @@ static void print_passby(const struct emm_stats *s)
 	    {"VMM (driver-made)", s->passby_vmm_calls, s->passby_vmm_bytes, ""},
 	    {"explicit pools", s->passby_pool_calls, s->passby_pool_bytes, ""},
 	    {"during capture", s->passby_capture_calls, s->passby_capture_bytes, ""},
-	    {"device allocations", s->passthrough_allocs, 0, note_unknown},
+	    {"device allocations", c[EMM_COUNT_PASS_ALLOC], 0, note_uncounted},
+	    {"pinned allocations", c[EMM_COUNT_PASS_HOST_ALLOC], 0, note_uncounted},
 	    {"unknown frees", s->passby_unknown_free_calls, 0, note_unknown},
 	};
 	uint64_t calls = 0, bytes = 0;
@@ -144,11 +146,11 @@ static void print_passby(const struct emm_stats *s)
 	for (size_t i = 0; i < EMM_ARRAY_SIZE(rows); i++) {
 		if (!rows[i].calls)
 			continue;
-		if (rows[i].note == note_unknown)
+		if (rows[i].note == note_unknown || rows[i].note == note_uncounted)
 			emm_info("  passed by  %-20s %10" PRIu64 " calls %s", rows[i].name, rows[i].calls, rows[i].note);
 		else
-			emm_info("  passed by  %-20s %10" PRIu64 " calls %11s %s", rows[i].name, rows[i].calls,
-			         emm_format_bytes(rows[i].bytes, b, sizeof(b)), rows[i].note);
+			emm_info("  passed by  %-20s %10" PRIu64 " calls %11s%s%s", rows[i].name, rows[i].calls,
+			         emm_format_bytes(rows[i].bytes, b, sizeof(b)), *rows[i].note ? " " : "", rows[i].note);
 	}
 }
 
@@ -243,7 +245,7 @@ void emm_stats_print_exit(void)
 		         emm_format_bytes(s.allocated_bytes_peak_error, ae, sizeof(ae)),
 		         emm_format_bytes(s.requested_bytes_peak_error, re, sizeof(re)));
 	}
-	print_passby(&s);
+	print_passby(&s, c);
 	{
 		uint64_t quarantined = 0, released = 0;
 		size_t held = 0;
