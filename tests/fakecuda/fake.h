@@ -109,7 +109,7 @@
 	X(cuMemcpyPeer) X(cuMemcpyPeer_ptds)                                     \
 	X(cuMemcpyPeerAsync) X(cuMemcpyPeerAsync_ptsz)                           \
 	X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuMipmappedArrayCreate)     \
-	X(cuArrayDestroy) X(cuMipmappedArrayDestroy)
+	X(cuArrayDestroy) X(cuMipmappedArrayDestroy) X(cuGraphAddMemAllocNode)
 
 enum fake_fn {
 #define FAKE_FN_ENUM(name) FN_##name,

@@ -198,6 +198,7 @@ static const struct proc_entry table[] = {
 	LEGACY(cuMipmappedArrayCreate, 5000, cuMipmappedArrayCreate)
 	LEGACY(cuArrayDestroy, 2000, cuArrayDestroy)
 	LEGACY(cuMipmappedArrayDestroy, 5000, cuMipmappedArrayDestroy)
+	LEGACY(cuGraphAddMemAllocNode, 11040, cuGraphAddMemAllocNode)
 };
 
 #undef LEGACY

@@ -9,7 +9,8 @@
  * Arrays count the bytes of their descriptors (every mipmap level) and
  * keep the driver's error codes; failed calls count nothing. Managed
  * memory, host registration, explicit pools, stream-ordered allocations
- * during a capture and frees of unknown pointers count theirs.
+ * during a capture, graph memory nodes, VMM handles the driver made and
+ * frees of unknown pointers count theirs.
  */
 #include <stddef.h>
 #include <stdint.h>
@@ -132,8 +133,53 @@ TEST_BEGIN(test_pool_and_capture)
 }
 TEST_END
 
+TEST_BEGIN(test_graph_memory_node)
+{
+	CUDA_MEM_ALLOC_NODE_PARAMS params = {
+	    .poolProps = {.allocType = CU_MEM_ALLOCATION_TYPE_PINNED,
+	                  .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}},
+	    .bytesize = 3 << 20};
+	CUgraph g;
+	CUgraphNode node;
+	struct emm_stats d;
+
+	assert_int_eq(cuGraphCreate(&g, 0), CUDA_SUCCESS);
+	mark();
+	assert_int_eq(cuGraphAddMemAllocNode(&node, g, NULL, 0, &params), CUDA_SUCCESS);
+	expect_true(params.dptr != 0);
+	params.bytesize = 0;
+	expect_int_eq(cuGraphAddMemAllocNode(&node, g, NULL, 0, &params), CUDA_ERROR_INVALID_VALUE);
+	since(&d);
+	expect_int_eq(d.passby_graph_mem_calls, 1);
+	expect_int_eq(d.passby_graph_mem_bytes, 3 << 20);
+	expect_int_eq(d.allocs, 0);
+	assert_int_eq(cuGraphDestroy(g), CUDA_SUCCESS);
+}
+TEST_END
+
+TEST_BEGIN(test_vmm_driver_made)
+{
+	CUmemAllocationProp prop = {.type = CU_MEM_ALLOCATION_TYPE_PINNED,
+	                            .location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = 0}};
+	CUmemGenericAllocationHandle h;
+	size_t gran = 0;
+	struct emm_stats d;
+
+	assert_int_eq(cuMemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM), CUDA_SUCCESS);
+	mark();
+	/* an odd multiple no earlier test made, so the VMM cache has none */
+	assert_int_eq(cuMemCreate(&h, 7 * gran, &prop, 0), CUDA_SUCCESS);
+	since(&d);
+	expect_int_eq(d.passby_vmm_calls, 1);
+	expect_int_eq(d.passby_vmm_bytes, 7 * gran);
+	expect_int_eq(d.vmm_misses, 1);
+	assert_int_eq(cuMemRelease(h), CUDA_SUCCESS);
+}
+TEST_END
+
 int main(void)
 {
 	shims_setup();
-	return emm_test_run(test_arrays, test_managed_register_unknown_free, test_pool_and_capture, NULL);
+	return emm_test_run(test_arrays, test_managed_register_unknown_free, test_pool_and_capture,
+	                    test_graph_memory_node, test_vmm_driver_made, NULL);
 }
