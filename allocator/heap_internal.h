@@ -237,7 +237,11 @@ struct emm_heap {
 	 * from per-arena deltas, flushed once they grow by STAT_FLUSH_UP or
 	 * shrink by STAT_FLUSH_DOWN (so an alloc/free cycle flushes nothing),
 	 * which bounds the peak's error by narenas times those. With one
-	 * arena none of this runs: the arena's own peaks are exact. */
+	 * arena none of this runs: the arena's own peaks are exact. Reads
+	 * (heap_stats.c) combine these with the arenas' exact peaks into an
+	 * upper bound and its error (emm_stats' *_peak_error): exact with one
+	 * arena used, or when the arenas peaked together. No shared counter
+	 * is touched per allocation. */
 	_Atomic int64_t reserved, allocated, requested;
 	_Atomic int64_t reserved_peak, allocated_peak, requested_peak;
 };

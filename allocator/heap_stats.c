@@ -2,12 +2,13 @@
 /*
  * allocator/heap_stats.c - the heap's statistics: per-arena byte deltas
  * flushed into the heap-wide counters and peaks, the emm_stats sum over
- * arenas, and the idle-memory summary (idle bytes, largest free block).
+ * arenas (with the heap-wide peaks' error bounds), and the idle-memory summary (idle bytes, largest free block).
  */
 #include "allocator/heap_internal.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 
 /* Push this arena's byte deltas into the heap-wide counters. */
 void emm_heap_stat_flush(struct arena *h)
@@ -19,8 +20,59 @@ void emm_heap_stat_flush(struct arena *h)
 	h->d_allocated = h->d_requested = 0;
 }
 
+/* Per-arena figures for a heap-wide peak under several arenas. */
+struct peak_parts {
+	uint64_t sum;    /* the arenas' own (exact) peaks added: the peak is at most this */
+	uint64_t max;    /* the largest of them: the peak is at least this */
+	uint64_t now;    /* the current value (exact after the flush): at least this */
+	unsigned used;   /* arenas that ever allocated */
+};
+
+static void parts_add(struct peak_parts *p, uint64_t peak, uint64_t now, bool used)
+{
+	p->sum += peak;
+	if (peak > p->max)
+		p->max = peak;
+	p->now += now;
+	p->used += used;
+}
+
+/*
+ * The heap-wide peak under several arenas, and the bound of its error
+ * (struct emm_stats' *_peak_error). `flushed` is the peak of the flushed
+ * deltas: each used arena holds back less than STAT_FLUSH_UP of growth and
+ * less than STAT_FLUSH_DOWN of shrinkage, so the true peak is below
+ * flushed + used * STAT_FLUSH_UP and at least flushed - used *
+ * STAT_FLUSH_DOWN. The per-arena peaks bound it too (sum above, max below).
+ * The upper bound is reported and hi - lo is its error: 0 whenever one
+ * arena was used (vectorAdd's three blocks), and when the arenas peaked
+ * together the sum is the truth. With thread caches, whose deltas reach
+ * the arenas late, only the per-arena peaks are used.
+ */
+static void peak_bounds(const struct peak_parts *p, int64_t flushed, bool tcache, uint64_t *peak, uint64_t *err)
+{
+	uint64_t hi = p->sum, lo = p->max > p->now ? p->max : p->now;
+
+	if (!tcache && flushed >= 0) {
+		uint64_t f = (uint64_t)flushed;
+		uint64_t up = f + (uint64_t)p->used * (uint64_t)(STAT_FLUSH_UP - 1);
+		uint64_t down = (uint64_t)p->used * (uint64_t)STAT_FLUSH_DOWN;
+
+		if (up < hi)
+			hi = up;
+		if (f > down && f - down > lo)
+			lo = f - down;
+	}
+	if (hi < lo)
+		hi = lo;
+	*peak += hi;
+	*err += hi - lo;
+}
+
 void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 {
+	struct peak_parts pa = {0}, pr = {0};
+
 	if (!heap || !out)
 		return;
 	/* Every thread's cache counts (heap_tcache.c): merged on read. */
@@ -57,6 +109,8 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 			out->requested_bytes_peak += c->requested_peak;
 		} else {
 			emm_heap_stat_flush(h);
+			parts_add(&pa, c->allocated_peak, c->allocated, c->allocs != 0);
+			parts_add(&pr, c->requested_peak, c->requested, c->allocs != 0);
 		}
 		out->pending_bytes += c->pending;
 		out->segments += c->segments;
@@ -75,10 +129,10 @@ void emm_heap_add_stats(emm_heap_t *heap, struct emm_stats *out)
 	out->reserved_bytes_peak +=
 	    (uint64_t)atomic_load_explicit(&heap->reserved_peak, memory_order_relaxed);
 	if (heap->narenas > 1) {
-		out->allocated_bytes_peak +=
-		    (uint64_t)atomic_load_explicit(&heap->allocated_peak, memory_order_relaxed);
-		out->requested_bytes_peak +=
-		    (uint64_t)atomic_load_explicit(&heap->requested_peak, memory_order_relaxed);
+		peak_bounds(&pa, atomic_load_explicit(&heap->allocated_peak, memory_order_relaxed), heap->tcache,
+		            &out->allocated_bytes_peak, &out->allocated_bytes_peak_error);
+		peak_bounds(&pr, atomic_load_explicit(&heap->requested_peak, memory_order_relaxed), heap->tcache,
+		            &out->requested_bytes_peak, &out->requested_bytes_peak_error);
 	}
 }
 

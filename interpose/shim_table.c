@@ -27,11 +27,14 @@ struct shim_entry {
 
 /* Sorted by strcmp (checked on first use). */
 static const struct shim_entry shim_table[] = {
+    SHIM(cuArray3DCreate_v2),
+    SHIM(cuArrayCreate_v2),
     SHIM(cuCtxDestroy_v2),
     SHIM(cuDevicePrimaryCtxRelease_v2),
     SHIM(cuDevicePrimaryCtxReset_v2),
     SHIM(cuDevicePrimaryCtxRetain),
     SHIM(cuGraphAddChildGraphNode),
+    SHIM(cuGraphAddMemAllocNode),
     SHIM(cuGraphAddNode),
     SHIM(cuGraphAddNode_v2),
     SHIM(cuGraphClone),
@@ -85,6 +88,7 @@ static const struct shim_entry shim_table[] = {
     SHIM(cuMemRetainAllocationHandle),
     SHIM(cuMemSetAccess),
     SHIM(cuMemUnmap),
+    SHIM(cuMipmappedArrayCreate),
     SHIM(cuPointerGetAttribute),
     SHIM(cuPointerGetAttributes),
     SHIM(cuStreamBeginCapture),

@@ -14,6 +14,7 @@
  *   shims_vmm.c      virtual memory: reserve, create, map, set access and
  *                    their frees (a whole freed buffer is cached), queries
  *   shims_pool.c     explicit memory pools (passed through, counted)
+ *   shims_array.c    CUDA arrays (passed through, counted with their bytes)
  *   shims_runtime.c  shared cudart's allocation calls (the fast path)
  *   public_api.c     include/emm/emm.h
  *   resolve.c        dlsym, cuGetProcAddress*, cudaGetDriverEntryPoint*

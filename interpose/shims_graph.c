@@ -83,6 +83,10 @@ EMM_EXPORT CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode *phGraphNode, C
  * handle then belongs to the parent). */
 static CUresult node_added(CUresult r, CUgraph hGraph, const CUgraphNodeParams *nodeParams)
 {
+	/* A memory-allocation node: the driver's graph memory, passed by. */
+	if (r == CUDA_SUCCESS && nodeParams && nodeParams->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC &&
+	    emm_state_enabled())
+		emm_state_passby(EMM_PASSBY_GRAPH_MEM, nodeParams->alloc.bytesize);
 	if (r == CUDA_SUCCESS && nodeParams && nodeParams->type == CU_GRAPH_NODE_TYPE_GRAPH && emm_state_enabled())
 		emm_graph_derived(hGraph, false, nodeParams->graph.graph, false,
 		                  nodeParams->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE);
@@ -104,6 +108,19 @@ EMM_EXPORT CUresult CUDAAPI cuGraphAddNode_v2(CUgraphNode *phGraphNode, CUgraph 
 	return node_added(CALL_EXTRA(graph_add_node_v2, phGraphNode, hGraph, dependencies, dependencyData,
 	                             numDependencies, nodeParams),
 	                  hGraph, nodeParams);
+}
+
+/* Graph memory (the driver's, reserved when the graph is instantiated):
+ * passed through, counted with its size. */
+EMM_EXPORT CUresult CUDAAPI cuGraphAddMemAllocNode(CUgraphNode *phGraphNode, CUgraph hGraph,
+                                                   const CUgraphNode *dependencies, size_t numDependencies,
+                                                   CUDA_MEM_ALLOC_NODE_PARAMS *nodeParams)
+{
+	CUresult r = CALL_EXTRA(cuGraphAddMemAllocNode, phGraphNode, hGraph, dependencies, numDependencies, nodeParams);
+
+	if (r == CUDA_SUCCESS && nodeParams && emm_state_enabled())
+		emm_state_passby(EMM_PASSBY_GRAPH_MEM, nodeParams->bytesize);
+	return r;
 }
 
 EMM_EXPORT CUresult CUDAAPI cuGraphNodeSetParams(CUgraphNode hNode, CUgraphNodeParams *nodeParams)

@@ -264,8 +264,10 @@ EMM_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void *p, size_t bytesize, unsig
 {
 	CUresult r = CALL_REAL(cuMemHostRegister_v2, p, bytesize, Flags);
 
-	if (r == CUDA_SUCCESS && emm_state_enabled())
+	if (r == CUDA_SUCCESS && emm_state_enabled()) {
 		emm_state_count(EMM_COUNT_HOST_REGISTER);
+		emm_state_passby(EMM_PASSBY_HOST_REGISTER, bytesize);
+	}
 	return r;
 }
 

@@ -252,6 +252,12 @@ struct emm_state_real_extra {
 	CUresult (*cuGraphExecChildGraphNodeSetParams)(CUgraphExec, CUgraphNode, CUgraph);
 	CUresult (*cuGraphExecNodeSetParams)(CUgraphExec, CUgraphNode, CUgraphNodeParams *);
 	CUresult (*cuGraphNodeSetParams)(CUgraphNode, CUgraphNodeParams *);
+	/* passed by, counted (shims_array.c, shims_graph.c) */
+	CUresult (*cuArrayCreate_v2)(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+	CUresult (*cuArray3DCreate_v2)(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+	CUresult (*cuMipmappedArrayCreate)(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int);
+	CUresult (*cuGraphAddMemAllocNode)(CUgraphNode *, CUgraph, const CUgraphNode *, size_t,
+	                                   CUDA_MEM_ALLOC_NODE_PARAMS *);
 };
 const struct emm_state_real_extra *emm_state_real_extra(void);
 
@@ -428,6 +434,25 @@ enum emm_state_counter {
 };
 
 void emm_state_count(enum emm_state_counter which);
+
+/* The families of calls that reach the driver without libemm serving them
+ * (EMM_STATS "passed by" rows; struct emm_stats' passby_* fields). Bytes
+ * are what the call asked for where its arguments say (an array's from its
+ * descriptor), 0 where they do not (a free of an unknown pointer). */
+enum emm_passby {
+	EMM_PASSBY_ARRAY,         /* cuArrayCreate, cuArray3DCreate, cuMipmappedArrayCreate */
+	EMM_PASSBY_GRAPH_MEM,     /* cuGraphAddMemAllocNode, memory-allocation nodes of cuGraphAddNode */
+	EMM_PASSBY_MANAGED,       /* cuMemAllocManaged */
+	EMM_PASSBY_HOST_REGISTER, /* cuMemHostRegister */
+	EMM_PASSBY_VMM,           /* cuMemCreate made by the driver (not from the VMM cache) */
+	EMM_PASSBY_POOL,          /* allocations from an explicit pool */
+	EMM_PASSBY_CAPTURE,       /* stream-ordered allocations during a capture (driver) */
+	EMM_PASSBY_UNKNOWN_FREE,  /* frees of pointers libemm did not hand out (driver) */
+	EMM_PASSBY__COUNT
+};
+
+/* Count one successful call of `family` of `bytes` (stats.c). */
+void emm_state_passby(enum emm_passby family, uint64_t bytes);
 
 /* Process-wide values of every counter (index by enum emm_state_counter). */
 void emm_state_counters(uint64_t out[EMM_COUNT__COUNT]);

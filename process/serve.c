@@ -180,6 +180,10 @@ void emm_serve_passed_alloc(enum emm_state_counter which, int result, emm_addr_t
 	 * nothing to free). Failures the driver returned are its own. */
 	if (result == 0 && size && addr) {
 		emm_state_count(which);
+		if (which == EMM_COUNT_MANAGED_ALLOC)
+			emm_state_passby(EMM_PASSBY_MANAGED, size);
+		else if (which == EMM_COUNT_CAPTURE_ALLOC)
+			emm_state_passby(EMM_PASSBY_CAPTURE, size);
 		trace(EMM_TRACE_ALLOCATE, addr, size, stream, memory_of(which));
 	}
 }
@@ -188,6 +192,8 @@ void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const 
 {
 	if (addr) {
 		emm_state_count(which);
+		if (which == EMM_COUNT_PASS_FREE || which == EMM_COUNT_PASS_HOST_FREE)
+			emm_state_passby(EMM_PASSBY_UNKNOWN_FREE, 0);
 		trace(EMM_TRACE_FREE, addr, 0, stream, memory_of(which));
 	}
 }

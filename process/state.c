@@ -116,6 +116,10 @@ void st_extra_init(void)
 	EXTRA(cuGraphExecChildGraphNodeSetParams);
 	EXTRA(cuGraphExecNodeSetParams);
 	EXTRA(cuGraphNodeSetParams);
+	EXTRA(cuArrayCreate_v2);
+	EXTRA(cuArray3DCreate_v2);
+	EXTRA(cuMipmappedArrayCreate);
+	EXTRA(cuGraphAddMemAllocNode);
 #undef EXTRA
 #define EXTRA_AS(member, name) st_extra.member = (__typeof__(st_extra.member))emm_real_driver(name)
 	EXTRA_AS(stream_begin_capture_v1, "cuStreamBeginCapture");

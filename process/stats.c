@@ -28,6 +28,10 @@ static atomic_uint_fast64_t counters[EMM_COUNT__COUNT];
 /* [0..MAX_DEVICES) devices, MAX_DEVICES pinned, MAX_DEVICES+1 unknown. */
 static atomic_uint_fast64_t dev_counters[MAX_DEVICES + 2][COL__COUNT];
 
+/* The "passed by" families: successful calls and their bytes. */
+static atomic_uint_fast64_t passby_calls[EMM_PASSBY__COUNT];
+static atomic_uint_fast64_t passby_bytes[EMM_PASSBY__COUNT];
+
 /* Counters of heaps already destroyed. Current values are zeroed. */
 static struct emm_stats retired[MAX_DEVICES + 1];
 
@@ -94,6 +98,30 @@ void emm_state_count_bad_free(void)
 	emm_state_count(EMM_COUNT_BAD_FREE);
 }
 
+void emm_state_passby(enum emm_passby family, uint64_t bytes)
+{
+	if (!st_enabled || (unsigned)family >= EMM_PASSBY__COUNT)
+		return;
+	atomic_fetch_add_explicit(&passby_calls[family], 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&passby_bytes[family], bytes, memory_order_relaxed);
+}
+
+static void add_passby(struct emm_stats *out)
+{
+#define PASSBY(fam, field)                                                                                   \
+	out->passby_##field##_calls += atomic_load_explicit(&passby_calls[fam], memory_order_relaxed);       \
+	out->passby_##field##_bytes += atomic_load_explicit(&passby_bytes[fam], memory_order_relaxed)
+	PASSBY(EMM_PASSBY_ARRAY, array);
+	PASSBY(EMM_PASSBY_GRAPH_MEM, graph_mem);
+	PASSBY(EMM_PASSBY_MANAGED, managed);
+	PASSBY(EMM_PASSBY_HOST_REGISTER, host_register);
+	PASSBY(EMM_PASSBY_VMM, vmm);
+	PASSBY(EMM_PASSBY_POOL, pool);
+	PASSBY(EMM_PASSBY_CAPTURE, capture);
+	PASSBY(EMM_PASSBY_UNKNOWN_FREE, unknown_free);
+#undef PASSBY
+}
+
 void emm_state_counters(uint64_t out[EMM_COUNT__COUNT])
 {
 	for (int i = 0; i < EMM_COUNT__COUNT; i++)
@@ -102,6 +130,8 @@ void emm_state_counters(uint64_t out[EMM_COUNT__COUNT])
 
 void emm_state_add_counter_stats(int device, struct emm_stats *out)
 {
+	if (device == -1)
+		add_passby(out);
 	for (int slot = 0; slot < MAX_DEVICES + 2; slot++) {
 		if (device != -1 && slot != device_slot(device))
 			continue;
@@ -192,11 +222,16 @@ static void add_retired(struct emm_stats *out, const struct emm_stats *r)
 	out->allocated_bytes_total += r->allocated_bytes_total;
 	out->requested_bytes_total += r->requested_bytes_total;
 	out->reserved_bytes_total += r->reserved_bytes_total;
-	/* Peaks of a destroyed heap: the larger of it and the live ones. */
-	if (r->allocated_bytes_peak > out->allocated_bytes_peak)
+	/* Peaks of a destroyed heap: the larger of it and the live ones
+	 * (with its error bound). */
+	if (r->allocated_bytes_peak > out->allocated_bytes_peak) {
 		out->allocated_bytes_peak = r->allocated_bytes_peak;
-	if (r->requested_bytes_peak > out->requested_bytes_peak)
+		out->allocated_bytes_peak_error = r->allocated_bytes_peak_error;
+	}
+	if (r->requested_bytes_peak > out->requested_bytes_peak) {
 		out->requested_bytes_peak = r->requested_bytes_peak;
+		out->requested_bytes_peak_error = r->requested_bytes_peak_error;
+	}
 	if (r->reserved_bytes_peak > out->reserved_bytes_peak)
 		out->reserved_bytes_peak = r->reserved_bytes_peak;
 }
@@ -249,5 +284,9 @@ void st_stats_fork_child(void)
 	for (int i = 0; i < MAX_DEVICES + 2; i++)
 		for (int c = 0; c < COL__COUNT; c++)
 			atomic_store(&dev_counters[i][c], 0);
+	for (int i = 0; i < EMM_PASSBY__COUNT; i++) {
+		atomic_store(&passby_calls[i], 0);
+		atomic_store(&passby_bytes[i], 0);
+	}
 	memset(retired, 0, sizeof(retired));
 }

@@ -35,7 +35,12 @@
 	X(page_maps) X(unmapped_bytes_total) X(remapped_bytes_total) X(unmapped_bytes)                 \
 	X(segment_grows) X(grown_bytes_total) X(vmm_allocs) X(vmm_hits) X(vmm_misses) X(vmm_frees)     \
 	X(vmm_hit_bytes_total) X(vmm_idle_bytes) X(vmm_materializations) X(vmm_idle_released)          \
-	X(pool_allocs) X(pool_creates) X(pool_destroys)
+	X(pool_allocs) X(pool_creates) X(pool_destroys) X(passby_array_calls) X(passby_array_bytes)      \
+	X(passby_graph_mem_calls) X(passby_graph_mem_bytes) X(passby_managed_calls)                    \
+	X(passby_managed_bytes) X(passby_host_register_calls) X(passby_host_register_bytes)            \
+	X(passby_vmm_calls) X(passby_vmm_bytes) X(passby_pool_calls) X(passby_pool_bytes)              \
+	X(passby_capture_calls) X(passby_capture_bytes) X(passby_unknown_free_calls)                   \
+	X(passby_unknown_free_bytes) X(allocated_bytes_peak_error) X(requested_bytes_peak_error)
 
 #define COUNT_FIELD(f) +1
 /* A field added to struct emm_stats must be added here (and to the

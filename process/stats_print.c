@@ -111,6 +111,49 @@ static bool row_used(const struct emm_stats *s)
 	       s->backend_allocs || s->reserved_bytes_peak;
 }
 
+/* The "passed by" rows: every family of calls that reached the driver
+ * without libemm serving it, with its calls and bytes (the struct's
+ * passby_* fields; process-wide). One summary line even when all are 0. */
+static void print_passby(const struct emm_stats *s, const uint64_t c[EMM_COUNT__COUNT])
+{
+	static const char *const note_unknown = "(sizes are the driver's)";
+	static const char *const note_uncounted = "(bytes not counted; EMM_LOG has them)";
+	const struct {
+		const char *name;
+		uint64_t calls, bytes;
+		const char *note;
+	} rows[] = {
+	    {"arrays", s->passby_array_calls, s->passby_array_bytes, "(from the descriptors)"},
+	    {"graph memory nodes", s->passby_graph_mem_calls, s->passby_graph_mem_bytes, ""},
+	    {"managed", s->passby_managed_calls, s->passby_managed_bytes, ""},
+	    {"host registration", s->passby_host_register_calls, s->passby_host_register_bytes, ""},
+	    {"VMM (driver-made)", s->passby_vmm_calls, s->passby_vmm_bytes, ""},
+	    {"explicit pools", s->passby_pool_calls, s->passby_pool_bytes, ""},
+	    {"during capture", s->passby_capture_calls, s->passby_capture_bytes, ""},
+	    {"device allocations", c[EMM_COUNT_PASS_ALLOC], 0, note_uncounted},
+	    {"pinned allocations", c[EMM_COUNT_PASS_HOST_ALLOC], 0, note_uncounted},
+	    {"unknown frees", s->passby_unknown_free_calls, 0, note_unknown},
+	};
+	uint64_t calls = 0, bytes = 0;
+	char b[32];
+
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(rows); i++) {
+		calls += rows[i].calls;
+		bytes += rows[i].bytes;
+	}
+	emm_info("passed by (reached the driver, not served by libemm): %" PRIu64 " calls, %s known", calls,
+	         emm_format_bytes(bytes, b, sizeof(b)));
+	for (size_t i = 0; i < EMM_ARRAY_SIZE(rows); i++) {
+		if (!rows[i].calls)
+			continue;
+		if (rows[i].note == note_unknown || rows[i].note == note_uncounted)
+			emm_info("  passed by  %-20s %10" PRIu64 " calls %s", rows[i].name, rows[i].calls, rows[i].note);
+		else
+			emm_info("  passed by  %-20s %10" PRIu64 " calls %11s%s%s", rows[i].name, rows[i].calls,
+			         emm_format_bytes(rows[i].bytes, b, sizeof(b)), *rows[i].note ? " " : "", rows[i].note);
+	}
+}
+
 struct devices_arg {
 	uint64_t mask; /* devices 0..63 with a live heap */
 };
@@ -194,6 +237,15 @@ void emm_stats_print_exit(void)
 			         " pools created, %" PRIu64 " destroyed",
 			         s.pool_allocs, s.pool_creates, s.pool_destroys);
 	}
+	if (s.allocated_bytes_peak_error || s.requested_bytes_peak_error) {
+		char ae[32], re[32];
+
+		emm_info("peaks are upper bounds (several arenas): the true allocated peak is at most %s below, "
+		         "the requested at most %s below",
+		         emm_format_bytes(s.allocated_bytes_peak_error, ae, sizeof(ae)),
+		         emm_format_bytes(s.requested_bytes_peak_error, re, sizeof(re)));
+	}
+	print_passby(&s, c);
 	{
 		uint64_t quarantined = 0, released = 0;
 		size_t held = 0;

@@ -265,6 +265,8 @@ void emm_vmm_create_done(CUmemGenericAllocationHandle handle, size_t size, const
 	enum emm_vmm_mode_value mode = emm_vmm_mode();
 	int device = prop && prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
 
+	if (ok)
+		emm_state_passby(EMM_PASSBY_VMM, size);
 	if (!ok || mode == EMM_VMM_MODE_OFF)
 		return;
 	vmm_count(VC_ALLOCS, device, 1);

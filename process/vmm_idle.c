@@ -465,6 +465,7 @@ void emm_vmm_count_pool(enum emm_pool_event what, CUdeviceptr ptr, size_t size, 
 		if (tls_runtime_pool)
 			return; /* cudaMallocFromPoolAsync counts it */
 		vmm_count(VC_POOL_ALLOCS, st_tls_device(), 1);
+		emm_state_passby(EMM_PASSBY_POOL, size);
 		if (emm_trace_enabled())
 			emm_trace_event(EMM_TRACE_ALLOCATE, ptr, size, (uint64_t)(uintptr_t)stream);
 		break;

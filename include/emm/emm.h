@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define EMM_STATS_VERSION 3
+#define EMM_STATS_VERSION 4
 
 /* One scope's counters (a device, or the whole process with device -1). */
 struct emm_stats {
@@ -87,6 +87,34 @@ struct emm_stats {
 	uint64_t pool_allocs;		/* cuMemAllocFromPoolAsync, cudaMallocFromPoolAsync (driver) */
 	uint64_t pool_creates;		/* cuMemPoolCreate */
 	uint64_t pool_destroys;		/* cuMemPoolDestroy */
+
+	/* version 4: calls that reached the driver without libemm serving them
+	 * (process-wide: device -1 only; 0 in a device's row). _calls counts
+	 * successful calls, _bytes what they asked for where the arguments say
+	 * (arrays: width x height x depth x channels x element size of the
+	 * descriptor, every mipmap level; the driver may round up). */
+	uint64_t passby_array_calls;		/* cuArrayCreate, cuArray3DCreate, cuMipmappedArrayCreate */
+	uint64_t passby_array_bytes;
+	uint64_t passby_graph_mem_calls;	/* graph memory-allocation nodes added */
+	uint64_t passby_graph_mem_bytes;
+	uint64_t passby_managed_calls;		/* cuMemAllocManaged */
+	uint64_t passby_managed_bytes;
+	uint64_t passby_host_register_calls;	/* cuMemHostRegister */
+	uint64_t passby_host_register_bytes;
+	uint64_t passby_vmm_calls;		/* cuMemCreate made by the driver */
+	uint64_t passby_vmm_bytes;
+	uint64_t passby_pool_calls;		/* allocations from explicit pools */
+	uint64_t passby_pool_bytes;
+	uint64_t passby_capture_calls;		/* stream-ordered allocations during a capture */
+	uint64_t passby_capture_bytes;
+	uint64_t passby_unknown_free_calls;	/* frees of pointers libemm did not hand out */
+	uint64_t passby_unknown_free_bytes;	/* always 0: the size is the driver's */
+	/* version 4 too: the true allocated/requested peak lies in [peak - error, peak]: 0
+	 * means exact. A heap with several arenas (several threads) keeps
+	 * heap-wide peaks from per-arena deltas (no shared counter on the hot
+	 * path); the bound is what those allow. Row "all" adds the devices'. */
+	uint64_t allocated_bytes_peak_error;
+	uint64_t requested_bytes_peak_error;
 };
 
 /* libemm's version string, e.g. "0.1.0". */

@@ -32,6 +32,15 @@ page_unmaps page_maps unmapped_bytes_total remapped_bytes_total unmapped_bytes
 segment_grows grown_bytes_total
 vmm_allocs vmm_hits vmm_misses vmm_frees vmm_hit_bytes_total vmm_idle_bytes
 vmm_materializations vmm_idle_released pool_allocs pool_creates pool_destroys
+passby_array_calls passby_array_bytes
+passby_graph_mem_calls passby_graph_mem_bytes
+passby_managed_calls passby_managed_bytes
+passby_host_register_calls passby_host_register_bytes
+passby_vmm_calls passby_vmm_bytes
+passby_pool_calls passby_pool_bytes
+passby_capture_calls passby_capture_bytes
+passby_unknown_free_calls passby_unknown_free_bytes
+allocated_bytes_peak_error requested_bytes_peak_error
 """.split()
 
 

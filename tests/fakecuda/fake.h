@@ -107,7 +107,9 @@
 	X(cuMemRetainAllocationHandle)                                           \
 	X(cuDeviceCanAccessPeer) X(cuCtxEnablePeerAccess) X(cuCtxDisablePeerAccess) \
 	X(cuMemcpyPeer) X(cuMemcpyPeer_ptds)                                     \
-	X(cuMemcpyPeerAsync) X(cuMemcpyPeerAsync_ptsz)
+	X(cuMemcpyPeerAsync) X(cuMemcpyPeerAsync_ptsz)                           \
+	X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuMipmappedArrayCreate)     \
+	X(cuArrayDestroy) X(cuMipmappedArrayDestroy) X(cuGraphAddMemAllocNode)
 
 enum fake_fn {
 #define FAKE_FN_ENUM(name) FN_##name,

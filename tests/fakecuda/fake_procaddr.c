@@ -193,6 +193,12 @@ static const struct proc_entry table[] = {
 	PT(cuMemcpyPeer, 7000, cuMemcpyPeer_ptds)
 	LEGACY(cuMemcpyPeerAsync, 4000, cuMemcpyPeerAsync)
 	PT(cuMemcpyPeerAsync, 7000, cuMemcpyPeerAsync_ptsz)
+	LEGACY(cuArrayCreate, 3020, cuArrayCreate_v2)
+	LEGACY(cuArray3DCreate, 3020, cuArray3DCreate_v2)
+	LEGACY(cuMipmappedArrayCreate, 5000, cuMipmappedArrayCreate)
+	LEGACY(cuArrayDestroy, 2000, cuArrayDestroy)
+	LEGACY(cuMipmappedArrayDestroy, 5000, cuMipmappedArrayDestroy)
+	LEGACY(cuGraphAddMemAllocNode, 11040, cuGraphAddMemAllocNode)
 };
 
 #undef LEGACY

@@ -185,6 +185,29 @@ def stats_json():
     check(doc["state"] == "off" and doc["all"]["allocs"] == 0, "EMM_DISABLE=1: state 'off'", err)
 
 
+def stats_passby():
+    """The "passed by" rows of the table and the JSON: managed memory, an
+    array and the free of a pointer libemm did not hand out."""
+    steps = ["a:1M", "m:3K", "f:1", "r:64K"]
+    err = run(steps, {"EMM_STATS": "1"})
+    check(re.search(r"passed by \(reached the driver, not served by libemm\): 3 calls, 67\.0 KiB known", err),
+          "the passed-by summary line: 3 calls, 67 KiB", err)
+    check(re.search(r"passed by +managed +1 calls +3\.0 KiB", err), "the managed row: 1 call, 3 KiB", err)
+    check(re.search(r"passed by +arrays +1 calls +64\.0 KiB \(from the descriptors\)", err),
+          "the arrays row: 1 call, 64 KiB from the descriptor", err)
+    check(re.search(r"passed by +unknown frees +1 calls \(sizes are the driver's\)", err),
+          "the unknown-frees row: 1 call", err)
+    check(not re.search(r"passed by +host registration", err), "no row for a family with no call", err)
+    err = run(steps, {"EMM_STATS": "json"})
+    doc = json.loads([l for l in err.splitlines() if l.startswith('{"schema":"emm-stats"')][0])
+    a, dev = doc["all"], doc["devices"][0]
+    check(a["passby_managed_calls"] == 1 and a["passby_managed_bytes"] == 3 << 10 and
+          a["passby_array_calls"] == 1 and a["passby_array_bytes"] == 64 << 10 and
+          a["passby_unknown_free_calls"] == 1 and a["allocated_bytes_peak_error"] == 0,
+          "JSON: the all row's passed-by fields", str(a))
+    check(dev["passby_managed_calls"] == 0, "JSON: a device row carries no passed-by counts", str(dev))
+
+
 def stats_signal():
     with tempfile.TemporaryDirectory() as tmp:
         stats, trace, go = (os.path.join(tmp, n) for n in ("stats.json", "trace.csv", "go"))
@@ -382,6 +405,7 @@ SCENARIOS = {
     "trace-pid": trace_pid,
     "stats-json": stats_json,
     "stats-signal": stats_signal,
+    "stats-passby": stats_passby,
     "oom": oom,
     "oom-fragmented": oom_fragmented,
     "fit": fit,

@@ -10,6 +10,8 @@
  *   o:SIZE   cuMemAlloc that must fail with CUDA_ERROR_OUT_OF_MEMORY
  *   z        cuMemAlloc of 0 bytes (the driver's CUDA_ERROR_INVALID_VALUE)
  *   h:SIZE   cuMemHostAlloc that must succeed
+ *   m:SIZE   cuMemAllocManaged that must succeed (freed by f: with cuMemFree)
+ *   r:SIZE   cuArrayCreate of SIZE one-byte elements (one row) that must succeed
  *   f:I      free the I-th successful allocation (0-based; host or device, sync or async)
  *   s:MS     sleep MS milliseconds              k:SIG   raise signal SIG
  *   w:FILE   wait (up to 5 s) until FILE exists and is not empty
@@ -80,16 +82,24 @@ static int step(const char *arg)
 	switch (arg[0]) {
 	case 'a':
 	case 'A':
+	case 'm':
 		if (nlive == MAX_LIVE)
 			return -1;
 		if (arg[0] == 'a')
 			r = cuMemAlloc(&d, parse_size(v));
+		else if (arg[0] == 'm')
+			r = cuMemAllocManaged(&d, parse_size(v), CU_MEM_ATTACH_GLOBAL);
 		else
 			r = cuMemAllocAsync(&d, parse_size(v), stream);
 		if (r != CUDA_SUCCESS)
 			return -1;
 		live[nlive++] = (struct live){.dptr = d, .stream = arg[0] == 'A' ? stream : NULL};
 		return 0;
+	case 'r': {
+		CUDA_ARRAY_DESCRIPTOR desc = {.Width = parse_size(v), .Format = CU_AD_FORMAT_UNSIGNED_INT8, .NumChannels = 1};
+		CUarray a;
+		return cuArrayCreate(&a, &desc) == CUDA_SUCCESS ? 0 : -1;
+	}
 	case 'o':
 		return cuMemAlloc(&d, parse_size(v)) == CUDA_ERROR_OUT_OF_MEMORY ? 0 : -1;
 	case 'z':
