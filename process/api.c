@@ -89,7 +89,7 @@ static CUcontext retain_primary(int device)
 }
 
 /* Make a context of `device` (< 0: the current one, else device 0) current:
- * 0 and *pushed (pop it after), or -ENODEV. */
+ * 0 and *pushed (st_pop_ctx after), or -ENODEV. */
 static int enter_device(int device, bool *pushed)
 {
 	const struct emm_real_driver_table *real = st_real_table();
@@ -103,19 +103,10 @@ static int enter_device(int device, bool *pushed)
 	if (real->cuCtxGetDevice(&cur) == CUDA_SUCCESS && (device < 0 || cur == device))
 		return 0;
 	ctx = retain_primary(device < 0 ? 0 : device);
-	if (!ctx || !x->cuCtxPushCurrent_v2 || x->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+	if (!ctx || !x->cuCtxPushCurrent_v2 || !x->cuCtxPopCurrent_v2 || x->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
 		return -ENODEV;
 	*pushed = true;
 	return 0;
-}
-
-static void leave_device(bool pushed)
-{
-	const struct emm_state_real_extra *x = st_real_extra();
-	CUcontext ctx;
-
-	if (pushed && x->cuCtxPopCurrent_v2)
-		x->cuCtxPopCurrent_v2(&ctx);
 }
 
 /* Is `stream` capturing? Through libemm's tracker when the shims see the
@@ -258,7 +249,7 @@ int emm_api_device_alloc(size_t size, int device, CUstream stream, bool has_stre
 		else if (r != -ENOMEM)
 			r = driver_alloc(size, stream, has_stream, EMM_COUNT_PASS_ALLOC, ret_ptr);
 	}
-	leave_device(pushed);
+	st_pop_ctx(pushed);
 	return r;
 }
 
@@ -308,7 +299,7 @@ int emm_api_device_free(void *ptr, int device, CUstream stream, bool has_stream,
 		if (r == -ENOENT)
 			r = driver_free(ptr, stream, has_stream);
 	}
-	leave_device(pushed);
+	st_pop_ctx(pushed);
 	return r;
 }
 
@@ -338,7 +329,7 @@ int emm_api_host_alloc(size_t size, unsigned int flags, void **ret_ptr)
 		if (r == 0)
 			*ret_ptr = p;
 	}
-	leave_device(pushed);
+	st_pop_ctx(pushed);
 	return r;
 }
 
@@ -363,7 +354,7 @@ int emm_api_host_free(void *ptr)
 		if (r == 0 && st_is_enabled())
 			emm_serve_passed_free(EMM_COUNT_PASS_HOST_FREE, (emm_addr_t)(uintptr_t)ptr, NULL);
 	}
-	leave_device(pushed);
+	st_pop_ctx(pushed);
 	return r;
 }
 
@@ -390,7 +381,7 @@ int emm_api_mem_info(int device, size_t *ret_free, size_t *ret_total)
 
 		free_b = (free_b >= total_b || idle >= total_b - free_b) ? total_b : free_b + idle;
 	}
-	leave_device(pushed);
+	st_pop_ctx(pushed);
 	if (r == 0) {
 		*ret_free = free_b;
 		*ret_total = total_b;
@@ -409,6 +400,6 @@ int emm_api_release_idle(int device, size_t keep_bytes, long long *ret_released)
 	if (st_real_table()->cuCtxGetDevice && device >= -1 && enter_device(device, &pushed) < 0)
 		pushed = false;
 	r = emm_state_release_idle(device, keep_bytes, ret_released);
-	leave_device(pushed);
+	st_pop_ctx(pushed);
 	return r;
 }
