@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "gpu_common.h"
+#include "ipc_test.h"
 
 #define NBLK 4
 #define WHOLE_SIZE ((size_t)12 << 20)
@@ -53,11 +54,6 @@ __global__ void add_one(unsigned char *p, size_t n)
 		p[i] = (unsigned char)(p[i] + 1);
 }
 
-static unsigned char pattern(unsigned seed, size_t i)
-{
-	return (unsigned char)(seed * 131u + i * 7u + (i >> 8));
-}
-
 static void fill(CUdeviceptr d, size_t n, unsigned seed)
 {
 	fill_kernel<<<16, 256>>>((unsigned char *)d, n, seed);
@@ -71,7 +67,7 @@ static int check(CUdeviceptr d, size_t n, unsigned seed, unsigned add)
 	unsigned char *buf = (unsigned char *)malloc(n);
 	int bad = cudaMemcpy(buf, (void *)d, n, cudaMemcpyDeviceToHost) != cudaSuccess;
 	for (size_t i = 0; i < n && !bad; i++)
-		bad = buf[i] != (unsigned char)(pattern(seed, i) + add);
+		bad = buf[i] != (unsigned char)(ipc_pattern(seed, i) + add);
 	free(buf);
 	return bad;
 }
@@ -113,21 +109,6 @@ static int close_handle(CUdeviceptr d)
 }
 
 /* --- helpers ------------------------------------------------------------- */
-
-static void to_hex(const CUipcMemHandle *h, char *out)
-{
-	for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
-		sprintf(out + 2 * i, "%02x", (unsigned char)h->reserved[i]);
-}
-
-static void from_hex(const char *s, CUipcMemHandle *h)
-{
-	for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++) {
-		unsigned v = 0;
-		sscanf(s + 2 * i, "%2x", &v);
-		h->reserved[i] = (char)v;
-	}
-}
 
 struct child {
 	pid_t pid;
@@ -227,7 +208,7 @@ static int mode_import(int argc, char **argv)
 	CHILD_CHECK(n == NBLK && argc == 4 + 4 * n);
 	CHILD_CHECK(gpu_emm_present());
 	for (int i = 0; i < n; i++) {
-		from_hex(argv[4 + 4 * i], &h[i]);
+		ipc_from_hex(argv[4 + 4 * i], &h[i]);
 		size[i] = strtoul(argv[5 + 4 * i], NULL, 0);
 		off[i] = strtoul(argv[6 + 4 * i], NULL, 0);
 		seed[i] = (unsigned)atoi(argv[7 + 4 * i]);
@@ -266,8 +247,8 @@ static int mode_plain(int argc, char **argv)
 
 	CHILD_CHECK(argc == 7);
 	CHILD_CHECK(!gpu_emm_present());
-	from_hex(argv[3], &sub);
-	from_hex(argv[4], &whole);
+	ipc_from_hex(argv[3], &sub);
+	ipc_from_hex(argv[4], &whole);
 	int r = open_handle(&sub, &p);
 	printf("sub %d\n", r);
 	fflush(stdout);
@@ -285,7 +266,7 @@ static int mode_open1(int argc, char **argv)
 	CUdeviceptr p = 0;
 
 	CHILD_CHECK(argc == 4 && gpu_emm_present());
-	from_hex(argv[3], &h);
+	ipc_from_hex(argv[3], &h);
 	int r = open_handle(&h, &p);
 	printf("open %d\n", r);
 	if (r == 0)
@@ -301,9 +282,9 @@ static int mode_export_exit(void)
 
 	CHILD_CHECK(dev_alloc(&a, 4096) == 0 && dev_alloc(&b, 4096) == 0 && dev_alloc(&w, WHOLE_SIZE) == 0);
 	CHILD_CHECK(export_handle(b, &hb) == 0 && export_handle(w, &hw) == 0);
-	to_hex(&hb, hex);
+	ipc_to_hex(&hb, hex);
 	printf("sub %s\n", hex);
-	to_hex(&hw, hex);
+	ipc_to_hex(&hw, hex);
 	printf("whole %s\n", hex);
 	return 0;
 }
@@ -331,7 +312,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	expect_true(b.dev.backend_allocs - a.dev.backend_allocs <= 1); /* one segment (the child checks offsets) */
 	for (int i = 0; i < NBLK; i++) {
 		assert_int_eq(export_handle(d[i], &h[i]), 0);
-		to_hex(&h[i], hex[i]);
+		ipc_to_hex(&h[i], hex[i]);
 		snprintf(sz[i], sizeof(sz[i]), "%zu", blk_size[i]);
 		snprintf(off[i], sizeof(off[i]), "%llu", (unsigned long long)(d[i] - d[0]));
 		snprintf(seed[i], sizeof(seed[i]), "%d", i + 1);
@@ -385,8 +366,8 @@ TEST_BEGIN(test_importer_without_libemm)
 	fill(w, WHOLE_SIZE, 9);
 	assert_int_eq(export_handle(b, &hb), 0);
 	assert_int_eq(export_handle(w, &hw), 0);
-	to_hex(&hb, hexb);
-	to_hex(&hw, hexw);
+	ipc_to_hex(&hb, hexb);
+	ipc_to_hex(&hw, hexw);
 	snprintf(size, sizeof(size), "%zu", WHOLE_SIZE);
 	spawn(&c, false, argv);
 	expect_int_eq(child_line(&c, "sub", line, sizeof(line)), 0);
@@ -414,8 +395,8 @@ TEST_BEGIN(test_exporter_exit)
 	expect_int_eq(child_line(&c, "sub", sub, sizeof(sub)), 0);
 	expect_int_eq(child_line(&c, "whole", whole, sizeof(whole)), 0);
 	expect_int_eq(child_wait(&c), 0);
-	from_hex(sub, &hs);
-	from_hex(whole, &hw);
+	ipc_from_hex(sub, &hs);
+	ipc_from_hex(whole, &hw);
 	/* Whatever the driver answers for its own handle of an exited
 	 * process, the libemm handle gets the same. */
 	int rw = open_handle(&hw, &pw), rs = open_handle(&hs, &ps);

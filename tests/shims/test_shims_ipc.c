@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "emm_test.h"
+#include "ipc_test.h"
 #include "shims_common.h"
 
 #define NBLK 4
@@ -39,31 +40,11 @@ static const size_t blk_size[NBLK] = {4096, 1000, 8192, 512};
 
 /* --- helpers ------------------------------------------------------------- */
 
-static void to_hex(const CUipcMemHandle *h, char *out)
-{
-	for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++)
-		sprintf(out + 2 * i, "%02x", (unsigned char)h->reserved[i]);
-}
-
-static void from_hex(const char *s, CUipcMemHandle *h)
-{
-	for (int i = 0; i < CU_IPC_HANDLE_SIZE; i++) {
-		unsigned v = 0;
-		sscanf(s + 2 * i, "%2x", &v);
-		h->reserved[i] = (char)v;
-	}
-}
-
-static unsigned char pattern(unsigned seed, size_t i)
-{
-	return (unsigned char)(seed * 131u + i * 7u + (i >> 8));
-}
-
 static void fill(CUdeviceptr d, size_t n, unsigned seed)
 {
 	unsigned char *buf = malloc(n);
 	for (size_t i = 0; i < n; i++)
-		buf[i] = pattern(seed, i);
+		buf[i] = ipc_pattern(seed, i);
 	if (cuMemcpyHtoD(d, buf, n) != CUDA_SUCCESS)
 		abort();
 	free(buf);
@@ -75,7 +56,7 @@ static int check(CUdeviceptr d, size_t n, unsigned seed)
 	unsigned char *buf = malloc(n);
 	int bad = cuMemcpyDtoH(buf, d, n) != CUDA_SUCCESS;
 	for (size_t i = 0; i < n && !bad; i++)
-		bad = buf[i] != pattern(seed, i);
+		bad = buf[i] != ipc_pattern(seed, i);
 	free(buf);
 	return bad;
 }
@@ -191,7 +172,7 @@ static int mode_import(int argc, char **argv)
 	CHILD_CHECK(n == NBLK && argc == 3 + 4 * n);
 	shims_setup();
 	for (int i = 0; i < n; i++) {
-		from_hex(argv[3 + 4 * i], &h[i]);
+		ipc_from_hex(argv[3 + 4 * i], &h[i]);
 		size[i] = strtoul(argv[4 + 4 * i], NULL, 0);
 		off[i] = strtoul(argv[5 + 4 * i], NULL, 0);
 		seed[i] = (unsigned)atoi(argv[6 + 4 * i]);
@@ -265,8 +246,8 @@ static int mode_plain(int argc, char **argv)
 	CHILD_CHECK(argc == 6);
 	CHILD_CHECK(dlsym(RTLD_DEFAULT, "emm_stats_get") == NULL);
 	shims_setup();
-	from_hex(argv[2], &sub);
-	from_hex(argv[3], &whole);
+	ipc_from_hex(argv[2], &sub);
+	ipc_from_hex(argv[3], &whole);
 	CUresult r = cuIpcOpenMemHandle(&p, sub, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
 	printf("sub %d\n", (int)r);
 	/* Never the segment's bytes: the driver refuses the libemm handle. */
@@ -287,9 +268,9 @@ static int mode_export_exit(void)
 	if (cuMemAlloc(&a, 4096) || cuMemAlloc(&b, 4096) || cuMemAlloc(&w, WHOLE_SIZE) ||
 	    cuIpcGetMemHandle(&ha, b) || cuIpcGetMemHandle(&hw, w))
 		return 1;
-	to_hex(&ha, hex);
+	ipc_to_hex(&ha, hex);
 	printf("%s\n", hex);
-	to_hex(&hw, hex);
+	ipc_to_hex(&hw, hex);
 	printf("%s\n", hex);
 	return 0;
 }
@@ -336,7 +317,7 @@ static int mode_hold(int argc, char **argv)
 	if (argc != 3)
 		return 2;
 	shims_setup();
-	from_hex(argv[2], &h);
+	ipc_from_hex(argv[2], &h);
 	printf("opened %d\n", (int)cuIpcOpenMemHandle(&p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS));
 	fflush(stdout);
 	if (!fgets(line, sizeof(line), stdin))
@@ -352,7 +333,7 @@ static int hold(struct child *c, const CUipcMemHandle *h)
 	char hex[2 * CU_IPC_HANDLE_SIZE + 1], line[64];
 	char *argv[] = {NULL, "hold", hex, NULL};
 
-	to_hex(h, hex);
+	ipc_to_hex(h, hex);
 	spawn(c, true, NULL, argv);
 	if (child_line(c, line, sizeof(line)) != 0 || strncmp(line, "opened ", 7) != 0)
 		return -1;
@@ -380,7 +361,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	for (int i = 0; i < NBLK; i++) {
 		assert_int_eq(cuIpcGetMemHandle(&h[i], d[i]), CUDA_SUCCESS);
 		expect_true(memcmp(h[i].reserved, "libemm-ipc-blk1", 16) == 0);
-		to_hex(&h[i], hex[i]);
+		ipc_to_hex(&h[i], hex[i]);
 		snprintf(sz[i], sizeof(sz[i]), "%zu", blk_size[i]);
 		snprintf(off[i], sizeof(off[i]), "%llu", (unsigned long long)(d[i] - d[0]));
 		snprintf(seed[i], sizeof(seed[i]), "%d", i + 1);
@@ -475,8 +456,8 @@ TEST_BEGIN(test_importer_without_libemm)
 	assert_int_eq(cuIpcGetMemHandle(&hw, w), CUDA_SUCCESS);
 	/* The whole segment: the driver's own handle, unchanged. */
 	expect_true(memcmp(hw.reserved, "FAKEIPC1", 8) == 0);
-	to_hex(&hb, hexb);
-	to_hex(&hw, hexw);
+	ipc_to_hex(&hb, hexb);
+	ipc_to_hex(&hw, hexw);
 	snprintf(size, sizeof(size), "%zu", WHOLE_SIZE);
 	spawn(&c, false, NULL, argv);
 	expect_int_eq(child_line(&c, line, sizeof(line)), 0);
@@ -500,8 +481,8 @@ TEST_BEGIN(test_exporter_exit)
 	expect_int_eq(child_line(&c, sub, sizeof(sub)), 0);
 	expect_int_eq(child_line(&c, whole, sizeof(whole)), 0);
 	expect_int_eq(child_wait(&c), 0);
-	from_hex(sub, &hs);
-	from_hex(whole, &hw);
+	ipc_from_hex(sub, &hs);
+	ipc_from_hex(whole, &hw);
 	/* The exporter is gone: its libemm handle gets the driver's answer
 	 * for its own handles (the fake: CUDA_ERROR_INVALID_HANDLE). */
 	CUresult rw = cuIpcOpenMemHandle(&p, hw, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
