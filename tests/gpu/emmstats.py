@@ -75,6 +75,22 @@ def skip(why):
     sys.exit(SKIP)
 
 
+def import_torch():
+    """torch, when it is installed and finds a usable GPU; else skip the
+    whole script."""
+    try:
+        import torch
+    except ImportError as e:
+        skip("torch is not installed: %s" % e)
+    try:
+        available = torch.cuda.is_available()
+    except Exception as e:  # noqa: BLE001
+        skip("torch.cuda is unusable: %s" % e)
+    if not available:
+        skip("torch finds no usable GPU")
+    return torch
+
+
 class Skip(Exception):
     """Raised by a step run through Case.run: that step is skipped (why)."""
 

@@ -63,19 +63,10 @@ def without_libemm_refuses_too(err):
 
 
 def main():
-    from emmstats import Case, skip
+    from emmstats import Case, import_torch
     case = Case("py-ipc-torch-" + MODE)
-    try:
-        import torch
-        import torch.multiprocessing as mp
-    except ImportError as e:
-        skip("torch is not installed: %s" % e)
-    try:
-        available = torch.cuda.is_available()
-    except Exception as e:  # noqa: BLE001
-        skip("torch.cuda is unusable: %s" % e)
-    if not available:
-        skip("torch finds no usable GPU")
+    torch = import_torch()
+    import torch.multiprocessing as mp
     dev = torch.device("cuda:0")
     torch.zeros(1, device=dev)
     case.require_emm()

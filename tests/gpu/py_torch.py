@@ -13,20 +13,11 @@ import sys
 
 os.environ.setdefault("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from emmstats import PINNED, Case, skip  # noqa: E402
+from emmstats import PINNED, Case, import_torch  # noqa: E402
 
 case = Case("py-torch")
 
-try:
-    import torch
-except ImportError as e:
-    skip("torch is not installed: %s" % e)
-try:
-    available = torch.cuda.is_available()
-except Exception as e:  # noqa: BLE001
-    skip("torch.cuda is unusable: %s" % e)
-if not available:
-    skip("torch finds no usable GPU")
+torch = import_torch()
 
 if os.environ.get("PYTORCH_NO_CUDA_MEMORY_CACHING") != "1":
     case.fail("PYTORCH_NO_CUDA_MEMORY_CACHING is not 1: PyTorch's own cache would hide the allocations")
