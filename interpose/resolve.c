@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "common/compiler.h"
+#include "common/log.h"
 #include "process/process.h"
 #include "interpose/shims.h"
 
@@ -117,6 +118,30 @@ static void *substitute_exported(void *fn, const void *caller)
 	return shim;
 }
 
+/*
+ * EMM_VERBOSE=2: one line per name a program resolved through a driver
+ * resolver, with the library that asked, the export the driver answered
+ * with and whether libemm substituted its shim - how to find the path by
+ * which a library's allocations go past libemm (a name with no shim, or an
+ * answer that is not an exact export). dladdr allocates nothing.
+ */
+static void *resolved(const char *via, const char *symbol, int version, void *fn, const void *caller)
+{
+	void *out = substitute_exported(fn, caller);
+	Dl_info who, what;
+
+	if (!emm_log_debug_enabled())
+		return out;
+	if (!dladdr(caller, &who) || !who.dli_fname)
+		who.dli_fname = "?";
+	if (!dladdr(fn, &what) || !what.dli_sname || what.dli_saddr != fn)
+		what.dli_sname = NULL;
+	emm_debug("resolve: %s(\"%s\", %d) from %s: %s%s", via, symbol ? symbol : "(null)", version,
+	          who.dli_fname, what.dli_sname ? what.dli_sname : "not an exported function",
+	          out != fn ? " -> libemm's shim" : "");
+	return out;
+}
+
 /* --- dlsym ------------------------------------------------------------------ */
 
 /*
@@ -125,16 +150,10 @@ static void *substitute_exported(void *fn, const void *caller)
  * result that is libcuda's export and has a shim, for a caller outside the
  * driver and libemm, when libemm is enabled - cheapest test first.
  */
-static void *dlsym_explicit(void *handle, const char *name, const void *caller)
+static void *dlsym_choose(void *fn, const char *name, const void *caller)
 {
-	void *fn = emm_real_dlsym_get()(handle, name);
-	void *shim;
+	void *shim = shim_for_name(name);
 
-	/* Every driver export starts with "cu". */
-	if (!fn || name[0] != 'c' || name[1] != 'u')
-		return fn;
-	/* dlsym found the export called `name`; that is its exact name. */
-	shim = shim_for_name(name);
 	if (!shim || shim == fn)
 		return fn;
 	/* The driver's own export (a cached lookup), not a symbol of another
@@ -144,6 +163,27 @@ static void *dlsym_explicit(void *handle, const char *name, const void *caller)
 	if (caller_is_exempt(caller) || !enabled_for_substitution())
 		return fn;
 	return shim;
+}
+
+static void *dlsym_explicit(void *handle, const char *name, const void *caller)
+{
+	void *fn = emm_real_dlsym_get()(handle, name);
+	void *out;
+
+	/* Every driver export starts with "cu". */
+	if (!fn || name[0] != 'c' || name[1] != 'u')
+		return fn;
+	/* dlsym found the export called `name`; that is its exact name. */
+	out = dlsym_choose(fn, name, caller);
+	if (EMM_UNLIKELY(emm_log_debug_enabled()) && !caller_is_exempt(caller)) {
+		Dl_info who;
+
+		if (!dladdr(caller, &who) || !who.dli_fname)
+			who.dli_fname = "?";
+		emm_debug("resolve: dlsym(\"%s\") from %s%s", name, who.dli_fname,
+		          out != fn ? " -> libemm's shim" : "");
+	}
+	return out;
 }
 
 #if defined(__x86_64__)
@@ -290,7 +330,7 @@ EMM_EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int cuda
 	res = real->cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
 	if (res == CUDA_SUCCESS && pfn && *pfn &&
 	    (!symbolStatus || *symbolStatus == CU_GET_PROC_ADDRESS_SUCCESS))
-		*pfn = substitute_exported(*pfn, __builtin_return_address(0));
+		*pfn = resolved("cuGetProcAddress_v2", symbol, cudaVersion, *pfn, __builtin_return_address(0));
 	return res;
 }
 
@@ -310,7 +350,7 @@ EMM_EXPORT CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVer
 	else
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (res == CUDA_SUCCESS && pfn && *pfn)
-		*pfn = substitute_exported(*pfn, __builtin_return_address(0));
+		*pfn = resolved("cuGetProcAddress", symbol, cudaVersion, *pfn, __builtin_return_address(0));
 	return res;
 }
 
@@ -340,11 +380,11 @@ typedef cudaError_t (*entry_point_fn)(const char *, void **, unsigned long long,
 typedef cudaError_t (*entry_point_by_version_fn)(const char *, void **, unsigned int, unsigned long long,
                                                  enum cudaDriverEntryPointQueryResult *);
 
-static cudaError_t entry_point_result(cudaError_t err, void **funcPtr,
+static cudaError_t entry_point_result(const char *symbol, cudaError_t err, void **funcPtr,
                                       enum cudaDriverEntryPointQueryResult *status, const void *caller)
 {
 	if (err == cudaSuccess && funcPtr && *funcPtr && (!status || *status == cudaDriverEntryPointSuccess))
-		*funcPtr = substitute_exported(*funcPtr, caller);
+		*funcPtr = resolved("cudaGetDriverEntryPoint", symbol, 0, *funcPtr, caller);
 	return err;
 }
 
@@ -355,7 +395,7 @@ EMM_EXPORT cudaError_t cudaGetDriverEntryPoint(const char *symbol, void **funcPt
 
 	if (!real)
 		return cudaErrorInitializationError;
-	return entry_point_result(real(symbol, funcPtr, flags, driverStatus), funcPtr, driverStatus,
+	return entry_point_result(symbol, real(symbol, funcPtr, flags, driverStatus), funcPtr, driverStatus,
 	                          __builtin_return_address(0));
 }
 
@@ -367,7 +407,7 @@ EMM_EXPORT cudaError_t cudaGetDriverEntryPoint_ptsz(const char *symbol, void **f
 
 	if (!real)
 		return cudaErrorInitializationError;
-	return entry_point_result(real(symbol, funcPtr, flags, driverStatus), funcPtr, driverStatus,
+	return entry_point_result(symbol, real(symbol, funcPtr, flags, driverStatus), funcPtr, driverStatus,
 	                          __builtin_return_address(0));
 }
 
@@ -380,7 +420,7 @@ EMM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void
 
 	if (!real)
 		return cudaErrorInitializationError;
-	return entry_point_result(real(symbol, funcPtr, cudaVersion, flags, driverStatus), funcPtr,
+	return entry_point_result(symbol, real(symbol, funcPtr, cudaVersion, flags, driverStatus), funcPtr,
 	                          driverStatus, __builtin_return_address(0));
 }
 
@@ -393,6 +433,6 @@ EMM_EXPORT cudaError_t cudaGetDriverEntryPointByVersion_ptsz(
 
 	if (!real)
 		return cudaErrorInitializationError;
-	return entry_point_result(real(symbol, funcPtr, cudaVersion, flags, driverStatus), funcPtr,
+	return entry_point_result(symbol, real(symbol, funcPtr, cudaVersion, flags, driverStatus), funcPtr,
 	                          driverStatus, __builtin_return_address(0));
 }

@@ -87,6 +87,15 @@ static CUresult passed_alloc(CUresult r, uint64_t ptr, size_t size, CUstream str
 	return r;
 }
 
+/* A pointer libemm did not hand out, about to reach the driver's free:
+ * with EMM_VERBOSE=2 say what the driver knows of it and who frees it. */
+static uint64_t foreign(uint64_t ptr, const void *caller)
+{
+	if (EMM_UNLIKELY(emm_log_debug_enabled()) && ptr)
+		emm_serve_describe_foreign(ptr, caller);
+	return ptr;
+}
+
 static CUresult passed_free(CUresult r, uint64_t ptr, CUstream stream, enum emm_state_counter which)
 {
 	if (r == CUDA_SUCCESS)
@@ -116,7 +125,8 @@ EMM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 		return CALL_REAL(cuMemFree_v2, dptr);
 	if (pool_free("cuMemFree", dptr, EMM_STREAM_SYNC, NULL, false, &r))
 		return r;
-	return passed_free(CALL_REAL(cuMemFree_v2, dptr), dptr, NULL, EMM_COUNT_PASS_FREE);
+	return passed_free(CALL_REAL(cuMemFree_v2, foreign(dptr, __builtin_return_address(0))), dptr, NULL,
+	                   EMM_COUNT_PASS_FREE);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -173,7 +183,8 @@ static CUresult alloc_async(alloc_async_fn real, CUdeviceptr *dptr, size_t bytes
 	                    EMM_COUNT_PASS_ALLOC);
 }
 
-static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStream, bool ptsz)
+static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStream, bool ptsz,
+                           const void *caller)
 {
 	struct emm_block_range range;
 	CUresult r;
@@ -184,7 +195,7 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 		return real(dptr, hStream);
 	if (dptr && emm_state_stream_capturing(hStream, ptsz)) {
 		if (emm_serve_find_block(dptr, &range) != 0)
-			return passed_free(real(dptr, hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
+			return passed_free(real(foreign(dptr, caller), hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
 		/* One of our blocks freed inside a capture: the driver cannot
 		 * make a graph node of it. The graph quarantine keeps it until
 		 * the graph is gone (as for a synchronous free during capture). */
@@ -197,7 +208,7 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 	}
 	if (pool_free("cuMemFreeAsync", dptr, emm_state_stream_key(hStream, ptsz), hStream, false, &r))
 		return r;
-	return passed_free(real(dptr, hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
+	return passed_free(real(foreign(dptr, caller), hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -212,12 +223,12 @@ EMM_EXPORT CUresult CUDAAPI cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t bytes
 
 EMM_EXPORT CUresult CUDAAPI cuMemFreeAsync(CUdeviceptr dptr, CUstream hStream)
 {
-	return free_async(REAL(cuMemFreeAsync), dptr, hStream, false);
+	return free_async(REAL(cuMemFreeAsync), dptr, hStream, false, __builtin_return_address(0));
 }
 
 EMM_EXPORT CUresult CUDAAPI cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream)
 {
-	return free_async(REAL(cuMemFreeAsync_ptsz), dptr, hStream, true);
+	return free_async(REAL(cuMemFreeAsync_ptsz), dptr, hStream, true, __builtin_return_address(0));
 }
 
 /* --- pinned host memory ------------------------------------------------ */
@@ -256,7 +267,9 @@ EMM_EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
 		return CALL_REAL(cuMemFreeHost, p);
 	if (pool_free("cuMemFreeHost", (uint64_t)(uintptr_t)p, EMM_STREAM_SYNC, NULL, true, &r))
 		return r;
-	return passed_free(CALL_REAL(cuMemFreeHost, p), (uint64_t)(uintptr_t)p, NULL,
+	return passed_free(CALL_REAL(cuMemFreeHost, (void *)(uintptr_t)foreign((uint64_t)(uintptr_t)p,
+	                                                                       __builtin_return_address(0))),
+	                   (uint64_t)(uintptr_t)p, NULL,
 	                   EMM_COUNT_PASS_HOST_FREE);
 }
 

@@ -512,6 +512,10 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 void emm_serve_passed_alloc(enum emm_state_counter which, int result, emm_addr_t addr, size_t size,
                             const void *stream);
 void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const void *stream);
+/* Log (debug level) what the driver says of `addr`, a pointer libemm did
+ * not hand out that the code at `caller` frees: memory type, managed,
+ * explicit pool, range, mapping - which allocation path it came from. */
+void emm_serve_describe_foreign(emm_addr_t addr, const void *caller);
 /* The live block containing `addr`: 0 and *ret_range; -ENXIO inside one of
  * libemm's segments but in no live block; -ENOENT not libemm's memory. */
 int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range);

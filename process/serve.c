@@ -18,6 +18,7 @@
  * driver shim through the real runtime is one failure: the second attempt,
  * the same size on the same thread right after, is answered at once.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -196,6 +197,40 @@ void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const 
 			emm_state_passby(EMM_PASSBY_UNKNOWN_FREE, 0);
 		trace(EMM_TRACE_FREE, addr, 0, stream, memory_of(which));
 	}
+}
+
+void emm_serve_describe_foreign(emm_addr_t addr, const void *caller)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	CUpointer_attribute attrs[] = {
+		CU_POINTER_ATTRIBUTE_MEMORY_TYPE,      CU_POINTER_ATTRIBUTE_IS_MANAGED,
+		CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE,   CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
+		CU_POINTER_ATTRIBUTE_RANGE_SIZE,       CU_POINTER_ATTRIBUTE_MAPPED,
+		CU_POINTER_ATTRIBUTE_ALLOWED_HANDLE_TYPES,
+	};
+	/* Every attribute written into a zeroed 8-byte slot (the narrower
+	 * ones, unsigned int and bool, land in its low bytes). */
+	uint64_t v[sizeof(attrs) / sizeof(attrs[0])] = {0};
+	void *data[sizeof(attrs) / sizeof(attrs[0])];
+	CUresult r = CUDA_ERROR_NOT_SUPPORTED;
+	Dl_info who;
+
+	for (size_t i = 0; i < sizeof(attrs) / sizeof(attrs[0]); i++)
+		data[i] = &v[i];
+	if (real && real->cuPointerGetAttributes)
+		r = real->cuPointerGetAttributes(sizeof(attrs) / sizeof(attrs[0]), attrs, data, addr);
+	if (!dladdr(caller, &who) || !who.dli_fname)
+		who.dli_fname = "?";
+	if (r != CUDA_SUCCESS) {
+		emm_debug("free of %#llx, not libemm's, from %s: the driver knows nothing of it (%d)",
+		          (unsigned long long)addr, who.dli_fname, (int)r);
+		return;
+	}
+	emm_debug("free of %#llx, not libemm's, from %s: memory type %u, managed %u, pool %#llx, "
+	          "range %#llx+%llu, mapped %u, shareable handle types %#llx",
+	          (unsigned long long)addr, who.dli_fname, (unsigned)(v[0] & 0xffffffffu), (unsigned)(v[1] & 0xff),
+	          (unsigned long long)v[2], (unsigned long long)v[3], (unsigned long long)v[4],
+	          (unsigned)(v[5] & 0xff), (unsigned long long)v[6]);
 }
 
 int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range)
