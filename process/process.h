@@ -30,6 +30,8 @@
  *                  destruction (exclusive).
  *   stream_lock  - the stream registry (rwlock); a leaf.
  *   capture_lock - captures, graph objects, the graph quarantine; a leaf.
+ *   gate drain   - serialises capture begins while they wait for fence ops
+ *                  in flight (capture.c); held only across that wait.
  *   pool->lock   - a context's free CUDA events; a leaf.
  *   vmm_lock     - the VMM cache (vmm.c, vmm_table.c, vmm_idle.c); a leaf,
  *                  and the fence ops run outside it.

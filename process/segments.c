@@ -3,8 +3,8 @@
  * process/segments.c - what feeds a context's heaps: the backend's init for
  * a context, its segment allocations and frees (device memory, and pinned
  * host memory of a flag set), made with the owning context current and
- * with no lock of the process layer held, and the stream value a backend
- * sees.
+ * with no lock of the process layer held and the calling thread in relaxed
+ * capture mode (capture.c says why), and the stream value a backend sees.
  */
 #include <errno.h>
 #include <stdint.h>

@@ -42,20 +42,6 @@
 
 #include "race_util.h"
 
-__global__ void cg_fill_affine(uint32_t *p, size_t n, uint32_t mul, uint32_t add)
-{
-	size_t stride = (size_t)gridDim.x * blockDim.x;
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-		p[i] = (uint32_t)i * mul + add;
-}
-
-__global__ void cg_accumulate(uint32_t *out, const uint32_t *in, size_t n)
-{
-	size_t stride = (size_t)gridDim.x * blockDim.x;
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-		out[i] += in[i];
-}
-
 __global__ void cg_count_ne(const uint32_t *p, size_t n, uint32_t want, unsigned long long *res)
 {
 	unsigned long long c = 0;
@@ -125,6 +111,50 @@ static cudaStreamCaptureStatus capture_status(cudaStream_t s)
 	return e == cudaSuccess ? st : cudaStreamCaptureStatusInvalidated;
 }
 
+/* In the capture on s: out += tmp (3i + 1), tmp2 += tmp. */
+static void capture_kernels(cudaStream_t s, uint32_t *tmp, uint32_t *tmp2, uint32_t *out, size_t n)
+{
+	race_fill_affine<<<GRID, 256, 0, s>>>(tmp, n, 3, 1);
+	race_accumulate<<<GRID, 256, 0, s>>>(tmp2, tmp, n);
+	race_accumulate<<<GRID, 256, 0, s>>>(out, tmp, n);
+}
+
+/* The capture's blocks freed inside it (*freed: both frees succeeded), the
+ * counters since s0 read into *d (before the end, which may close epochs),
+ * then the capture ended into *g. */
+static cudaError_t free_and_end(cudaStream_t s, uint32_t *tmp, uint32_t *tmp2, const struct emm_stats &s0,
+                                struct emm_stats *d, cudaGraph_t *g, bool *freed)
+{
+	cudaError_t ef = tmp ? cudaFree(tmp) : cudaSuccess;
+	cudaError_t ef2 = tmp2 ? cudaFree(tmp2) : cudaSuccess;
+	*freed = ef == cudaSuccess && ef2 == cudaSuccess;
+	*d = race_stats_delta(s0, race_stats(0));
+	*g = NULL;
+	cudaError_t ee = cudaStreamEndCapture(s, g);
+	race_print_stats("device 0, during the global capture", *d);
+	return ee;
+}
+
+/* The capture's counters (no event recorded or queried while it ran), then
+ * the graph instantiated and replayed 100 times on s: out must hold
+ * 100 * (3i + 1). The executable graph, for more replays. */
+static cudaGraphExec_t check_and_replay(const struct emm_stats &d, cudaGraph_t g, cudaStream_t s,
+                                        const uint32_t *out, size_t n)
+{
+	race_check(d.events_recorded == 0 && d.event_queries == 0, "libemm recorded %llu / queried %llu events "
+	           "during the global capture", (unsigned long long)d.events_recorded,
+	           (unsigned long long)d.event_queries);
+	cudaGraphExec_t ex;
+	CK(cudaGraphInstantiate(&ex, g, 0));
+	for (int i = 0; i < 100; i++)
+		CK(cudaGraphLaunch(ex, s));
+	CK(cudaStreamSynchronize(s));
+	size_t bad = count_wrong(out, n, 100);
+	printf("100 replays: %zu wrong words\n", bad);
+	race_check(bad == 0, "after 100 replays %zu of %zu words wrong", bad, n);
+	return ex;
+}
+
 /* ---- global-miss ------------------------------------------------------------------ */
 
 static int part_global_miss(void)
@@ -144,21 +174,15 @@ static int part_global_miss(void)
 	cudaError_t ea = cudaMalloc((void **)&tmp, n * 4);
 	cudaError_t eb = ea == cudaSuccess ? cudaMalloc((void **)&tmp2, n * 4 + 8192) : ea;
 	cudaStreamCaptureStatus mid = capture_status(s);
-	if (ea == cudaSuccess && eb == cudaSuccess) {
-		cg_fill_affine<<<GRID, 256, 0, s>>>(tmp, n, 3, 1);
-		cg_accumulate<<<GRID, 256, 0, s>>>(tmp2, tmp, n);
-		cg_accumulate<<<GRID, 256, 0, s>>>(out, tmp, n);
-	}
-	cudaError_t ef = tmp ? cudaFree(tmp) : cudaSuccess;
-	cudaError_t ef2 = tmp2 ? cudaFree(tmp2) : cudaSuccess;
-	/* Read before the end: the end itself may close epochs (events). */
-	struct emm_stats d = race_stats_delta(s0, race_stats(0));
-	cudaGraph_t g = NULL;
-	cudaError_t ee = cudaStreamEndCapture(s, &g);
-	race_print_stats("device 0, during the global capture", d);
-	printf("cudaMalloc -> %s, %s; stream %s after them; cudaFree -> %s, %s; cudaStreamEndCapture -> %s\n",
+	if (ea == cudaSuccess && eb == cudaSuccess)
+		capture_kernels(s, tmp, tmp2, out, n);
+	struct emm_stats d;
+	cudaGraph_t g;
+	bool freed;
+	cudaError_t ee = free_and_end(s, tmp, tmp2, s0, &d, &g, &freed);
+	printf("cudaMalloc -> %s, %s; stream %s after them; cudaFree %s; cudaStreamEndCapture -> %s\n",
 	       cudaGetErrorName(ea), cudaGetErrorName(eb), mid == cudaStreamCaptureStatusActive ? "capturing" : "not capturing",
-	       cudaGetErrorName(ef), cudaGetErrorName(ef2), cudaGetErrorName(ee));
+	       freed ? "ok" : "failed", cudaGetErrorName(ee));
 	if (ea != cudaSuccess || eb != cudaSuccess || ee != cudaSuccess || !g) {
 		cudaGetLastError();
 		return refused(ea != cudaSuccess ? "cudaMalloc" : eb != cudaSuccess ? "the second cudaMalloc"
@@ -166,25 +190,14 @@ static int part_global_miss(void)
 		               ea != cudaSuccess ? ea : eb != cudaSuccess ? eb : ee);
 	}
 	race_check(mid == cudaStreamCaptureStatusActive, "the capture was not active after the cudaMalloc calls");
-	race_check(ef == cudaSuccess && ef2 == cudaSuccess, "cudaFree during the capture failed");
+	race_check(freed, "cudaFree during the capture failed");
 	race_check(d.allocs >= 2 && d.passthrough_allocs == 0, "libemm did not serve the capture's cudaMalloc calls "
 	           "(allocs %llu, passed through %llu)", (unsigned long long)d.allocs,
 	           (unsigned long long)d.passthrough_allocs);
 	race_check(d.misses >= 1 && d.backend_allocs >= 1, "the first cudaMalloc did not miss (misses %llu, "
 	           "backend allocations %llu): the test did not test a miss", (unsigned long long)d.misses,
 	           (unsigned long long)d.backend_allocs);
-	race_check(d.events_recorded == 0 && d.event_queries == 0, "libemm recorded %llu / queried %llu events "
-	           "during the global capture", (unsigned long long)d.events_recorded,
-	           (unsigned long long)d.event_queries);
-
-	cudaGraphExec_t ex;
-	CK(cudaGraphInstantiate(&ex, g, 0));
-	for (int i = 0; i < 100; i++)
-		CK(cudaGraphLaunch(ex, s));
-	CK(cudaStreamSynchronize(s));
-	size_t bad = count_wrong(out, n, 100);
-	printf("100 replays: %zu wrong words\n", bad);
-	race_check(bad == 0, "after 100 replays %zu of %zu words wrong", bad, n);
+	cudaGraphExec_t ex = check_and_replay(d, g, s, out, n);
 
 	/* New owners of blocks that size: the graph's own must not be among them. */
 	struct race_mapped res = race_mapped_alloc(sizeof(unsigned long long));
@@ -209,7 +222,7 @@ static int part_global_miss(void)
 		hit += count_ne(p, n, 0x7777u, &res, o);
 	printf("20 more replays: %llu sentinel words overwritten\n", hit);
 	race_check(hit == 0, "graph replays overwrote %llu words of blocks allocated after the capture", hit);
-	bad = count_wrong(out, n, 120);
+	size_t bad = count_wrong(out, n, 120);
 	race_check(bad == 0, "after 120 replays %zu of %zu words wrong", bad, n);
 	for (uint32_t *p : junk)
 		CK(cudaFree(p));
@@ -311,19 +324,15 @@ static int part_threads_beside(void)
 		w.avoid[0] = tmp;
 		w.avoid[1] = tmp2;
 		w.avoid_size[0] = w.avoid_size[1] = n * 4;
-		cg_fill_affine<<<GRID, 256, 0, s>>>(tmp, n, 3, 1);
-		cg_accumulate<<<GRID, 256, 0, s>>>(tmp2, tmp, n);
-		cg_accumulate<<<GRID, 256, 0, s>>>(out, tmp, n);
+		capture_kernels(s, tmp, tmp2, out, n);
 	}
 	w.go.store(1);
 	t.join();
 	cudaStreamCaptureStatus mid = capture_status(s);
-	cudaError_t ef = tmp ? cudaFree(tmp) : cudaSuccess;
-	cudaError_t ef2 = tmp2 ? cudaFree(tmp2) : cudaSuccess;
-	struct emm_stats d = race_stats_delta(s0, race_stats(0));
-	cudaGraph_t g = NULL;
-	cudaError_t ee = cudaStreamEndCapture(s, &g);
-	race_print_stats("device 0, during the global capture", d);
+	struct emm_stats d;
+	cudaGraph_t g;
+	bool freed;
+	cudaError_t ee = free_and_end(s, tmp, tmp2, s0, &d, &g, &freed);
 	printf("capture thread: cudaMalloc -> %s, %s; cudaStreamEndCapture -> %s; stream %s after the other "
 	       "thread's loop\n", cudaGetErrorName(ea), cudaGetErrorName(eb), cudaGetErrorName(ee),
 	       mid == cudaStreamCaptureStatusActive ? "still capturing" : "no longer capturing");
@@ -338,21 +347,10 @@ static int part_threads_beside(void)
 		               w.errors ? w.first_error : ea != cudaSuccess ? ea : eb != cudaSuccess ? eb : ee);
 	}
 	race_check(mid == cudaStreamCaptureStatusActive, "the capture was invalidated by the other thread");
-	race_check(ef == cudaSuccess && ef2 == cudaSuccess, "cudaFree during the capture failed");
+	race_check(freed, "cudaFree during the capture failed");
 	race_check(w.overlaps == 0, "%u blocks handed to the other thread overlapped live blocks", w.overlaps);
-	race_check(d.events_recorded == 0 && d.event_queries == 0, "libemm recorded %llu / queried %llu events "
-	           "during the global capture", (unsigned long long)d.events_recorded,
-	           (unsigned long long)d.event_queries);
 	race_check(d.misses >= 1, "no allocation missed during the capture: the test did not test a miss");
-
-	cudaGraphExec_t ex;
-	CK(cudaGraphInstantiate(&ex, g, 0));
-	for (int i = 0; i < 100; i++)
-		CK(cudaGraphLaunch(ex, s));
-	CK(cudaStreamSynchronize(s));
-	size_t bad = count_wrong(out, n, 100);
-	printf("100 replays: %zu wrong words\n", bad);
-	race_check(bad == 0, "after 100 replays %zu of %zu words wrong", bad, n);
+	cudaGraphExec_t ex = check_and_replay(d, g, s, out, n);
 
 	struct race_mapped res = race_mapped_alloc(sizeof(unsigned long long));
 	unsigned long long corrupt = 0;

@@ -63,6 +63,25 @@ static CUresult replay(CUgraph graph, CUstream s)
 	return r;
 }
 
+/* The global capture on s ran without a refused call or a fence call since
+ * *f0: it ends cleanly (not invalidated), and its graph replays. */
+static void end_and_replay(CUstream s, const struct fakecuda_stats *f0)
+{
+	struct fakecuda_stats f1 = fake_stats();
+	CUgraph graph = NULL;
+
+	expect_int_eq(f1.capture_violations - f0->capture_violations, 0);
+	expect_int_eq(f1.fence_calls_in_global_capture - f0->fence_calls_in_global_capture, 0);
+	expect_int_eq(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
+	f1 = fake_stats();
+	expect_int_eq(f1.captures_invalidated - f0->captures_invalidated, 0);
+	expect_ptr_not_null(graph);
+	if (graph) {
+		expect_int_eq(replay(graph, s), CUDA_SUCCESS);
+		expect_int_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+	}
+}
+
 /* A global capture whose allocations (device and pinned) miss the cache,
  * made from a thread in `mode`. */
 static void global_capture_miss(CUstreamCaptureMode mode)
@@ -72,7 +91,6 @@ static void global_capture_miss(CUstreamCaptureMode mode)
 	CUstream s;
 	CUdeviceptr d = 0;
 	void *h = NULL;
-	CUgraph graph = NULL;
 	struct emm_stats st0, st1;
 	struct fakecuda_stats f0, f1;
 	CUstreamCaptureMode m = mode;
@@ -95,25 +113,15 @@ static void global_capture_miss(CUstreamCaptureMode mode)
 	            (f1.device_allocs - f0.device_allocs) + (f1.host_allocs - f0.host_allocs));
 	expect_int_eq(thread_mode(), mode);
 	if (d)
-		memset((void *)(uintptr_t)d, 0x5a, BIG);
+		memset((void *)(uintptr_t)d, 0x5a, 65536);
 	if (h)
-		memset(h, 0xa5, HOST);
+		memset(h, 0xa5, 65536);
 	/* Freed during the capture: quarantined, no driver call. */
 	if (d)
 		expect_int_eq(cuMemFree(d), CUDA_SUCCESS);
 	if (h)
 		expect_int_eq(cuMemFreeHost(h), CUDA_SUCCESS);
-	f1 = fake_stats();
-	expect_int_eq(f1.capture_violations - f0.capture_violations, 0);
-	expect_int_eq(f1.fence_calls_in_global_capture - f0.fence_calls_in_global_capture, 0);
-	expect_int_eq(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
-	f1 = fake_stats();
-	expect_int_eq(f1.captures_invalidated - f0.captures_invalidated, 0);
-	expect_ptr_not_null(graph);
-	if (graph) {
-		expect_int_eq(replay(graph, s), CUDA_SUCCESS);
-		expect_int_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
-	}
+	end_and_replay(s, &f0);
 	/* The program's own mode is back. */
 	m = CU_STREAM_CAPTURE_MODE_GLOBAL;
 	assert_int_eq(cuThreadExchangeStreamCaptureMode(&m), CUDA_SUCCESS);
@@ -133,6 +141,21 @@ TEST_BEGIN(test_global_capture_miss_thread_local_thread)
 }
 TEST_END
 
+/* Fences that stay pending (the fake's events complete only after a
+ * million queries): `n` (at most 64) blocks of 64 KiB allocated and freed;
+ * a non-blocking stream must be alive, so that no epoch takes the fast
+ * path. */
+static void leave_fences_pending(int n)
+{
+	CUdeviceptr d[64];
+
+	fakecuda_set_event_delay(1000000);
+	for (int i = 0; i < n; i++)
+		assert_int_eq(cuMemAlloc(&d[i], 65536), CUDA_SUCCESS);
+	for (int i = 0; i < n; i++)
+		assert_int_eq(cuMemFree(d[i]), CUDA_SUCCESS);
+}
+
 /* --- another thread beside the capture ----------------------------------- */
 
 struct beside {
@@ -148,6 +171,13 @@ struct beside {
 static bool overlaps(CUdeviceptr a, size_t na, CUdeviceptr b, size_t nb)
 {
 	return a < b + nb && b < a + na;
+}
+
+/* The bytes of a block the worker tags and checks (the overlap checks
+ * cover the whole block). */
+static size_t tagged(size_t size)
+{
+	return size < 262144 ? size : 262144;
 }
 
 static void *beside_thread(void *arg)
@@ -167,7 +197,7 @@ static void *beside_thread(void *arg)
 		unsigned k = i % LIVE;
 		if (live[k]) {
 			const unsigned char *p = (const unsigned char *)(uintptr_t)live[k];
-			for (size_t j = 0; j < size[k]; j += 997)
+			for (size_t j = 0; j < tagged(size[k]); j += 997)
 				if (p[j] != tag[k]) {
 					w->corruptions++;
 					break;
@@ -190,7 +220,7 @@ static void *beside_thread(void *arg)
 			if (j != k && live[j] && overlaps(live[k], size[k], live[j], size[j]))
 				w->corruptions++;
 		tag[k] = (unsigned char)(i * 7 + 1);
-		memset((void *)(uintptr_t)live[k], tag[k], size[k]);
+		memset((void *)(uintptr_t)live[k], tag[k], tagged(size[k]));
 	}
 	for (unsigned k = 0; k < LIVE; k++)
 		if (live[k])
@@ -201,8 +231,7 @@ static void *beside_thread(void *arg)
 TEST_BEGIN(test_threads_beside_global_capture)
 {
 	CUstream s;
-	CUdeviceptr g = 0, warm[32];
-	CUgraph graph = NULL;
+	CUdeviceptr g = 0;
 	pthread_t t;
 	struct fakecuda_stats f0, f1;
 	struct beside w = {.iterations = 400};
@@ -210,11 +239,7 @@ TEST_BEGIN(test_threads_beside_global_capture)
 	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	assert_int_eq(cuStreamCreate(&w.own, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	/* Fences pending from before the capture: a poll would query them. */
-	fakecuda_set_event_delay(1000000);
-	for (int i = 0; i < 32; i++)
-		assert_int_eq(cuMemAlloc(&warm[i], 65536), CUDA_SUCCESS);
-	for (int i = 0; i < 32; i++)
-		assert_int_eq(cuMemFree(warm[i]), CUDA_SUCCESS);
+	leave_fences_pending(32);
 	f0 = fake_stats();
 	assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
 	w.avoid_size = 1 << 20;
@@ -227,17 +252,8 @@ TEST_BEGIN(test_threads_beside_global_capture)
 	f1 = fake_stats();
 	expect_int_eq(w.errors, 0);
 	expect_int_eq(w.corruptions, 0);
-	expect_int_eq(f1.capture_violations - f0.capture_violations, 0);
-	expect_int_eq(f1.fence_calls_in_global_capture - f0.fence_calls_in_global_capture, 0);
 	expect_true(f1.relaxed_unsafe_calls - f0.relaxed_unsafe_calls >= 1);
-	expect_int_eq(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
-	f1 = fake_stats();
-	expect_int_eq(f1.captures_invalidated - f0.captures_invalidated, 0);
-	expect_ptr_not_null(graph);
-	if (graph) {
-		expect_int_eq(replay(graph, s), CUDA_SUCCESS);
-		expect_int_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
-	}
+	end_and_replay(s, &f0);
 	fakecuda_set_event_delay(0);
 	fakecuda_complete_all();
 	assert_int_eq(cuStreamDestroy(w.own), CUDA_SUCCESS);
@@ -288,7 +304,6 @@ static void *capturer_thread(void *arg)
 
 TEST_BEGIN(test_capture_begin_waits_for_event_query)
 {
-	CUdeviceptr d[64];
 	CUstream nb;
 	pthread_t tp, tc;
 	struct poller p = {0};
@@ -298,11 +313,7 @@ TEST_BEGIN(test_capture_begin_waits_for_event_query)
 
 	assert_int_eq(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	assert_int_eq(cuStreamCreate(&c.s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-	fakecuda_set_event_delay(1000000);
-	for (int i = 0; i < 64; i++)
-		assert_int_eq(cuMemAlloc(&d[i], 65536), CUDA_SUCCESS);
-	for (int i = 0; i < 64; i++)
-		assert_int_eq(cuMemFree(d[i]), CUDA_SUCCESS);
+	leave_fences_pending(64);
 	f0 = fake_stats();
 	assert_int_eq(fakecuda_hold_next_call("cuEventQuery"), 0);
 	assert_int_eq(pthread_create(&tp, NULL, poller_thread, &p), 0);
