@@ -46,7 +46,8 @@ bool emm_heap_pending_wait(struct arena *h, unsigned pool, size_t rounded, emm_s
 	uint64_t deadline = 0;
 	struct timespec pause = {0, PENDING_POLL_NS};
 
-	if (!limit || h->st.pending <= limit || !h->has_fence || !h->fq_head)
+	/* During a capture no fence can be polled: waiting would only stall. */
+	if (!limit || h->st.pending <= limit || !h->has_fence || !h->fq_head || f_capturing(h, EMM_STREAM_SYNC))
 		return false;
 	h->st.host_waits++;
 	while (h->st.pending > limit / 2 && h->fq_head) {

@@ -53,41 +53,36 @@ EMM_EXPORT CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream)
 
 /* --- stream capture ---------------------------------------------------- */
 
+/* The capture is recorded before the driver begins it (so that no fence op
+ * of libemm's lands inside it) and forgotten if the driver refuses. */
+#define BEGIN_CAPTURE(ptsz, mode, call)                                                                   \
+	do {                                                                                               \
+		struct emm_capture *cap_ = emm_state_enabled() ? emm_state_capture_begin(hStream, ptsz, mode) \
+		                                               : NULL;                                         \
+		CUresult r_ = (call);                                                                      \
+		emm_state_capture_begun(cap_, r_ == CUDA_SUCCESS);                                         \
+		return r_;                                                                                 \
+	} while (0)
+
 /* The first ABI (no mode argument) captures in relaxed mode. */
 EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture(CUstream hStream)
 {
-	CUresult r = CALL_EXTRA(stream_begin_capture_v1, hStream);
-
-	if (r == CUDA_SUCCESS && emm_state_enabled())
-		emm_state_capture_begin(hStream, false, CU_STREAM_CAPTURE_MODE_RELAXED);
-	return r;
+	BEGIN_CAPTURE(false, CU_STREAM_CAPTURE_MODE_RELAXED, CALL_EXTRA(stream_begin_capture_v1, hStream));
 }
 
 EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_ptsz(CUstream hStream)
 {
-	CUresult r = CALL_EXTRA(cuStreamBeginCapture_ptsz, hStream);
-
-	if (r == CUDA_SUCCESS && emm_state_enabled())
-		emm_state_capture_begin(hStream, true, CU_STREAM_CAPTURE_MODE_RELAXED);
-	return r;
+	BEGIN_CAPTURE(true, CU_STREAM_CAPTURE_MODE_RELAXED, CALL_EXTRA(cuStreamBeginCapture_ptsz, hStream));
 }
 
 EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode)
 {
-	CUresult r = CALL_REAL(cuStreamBeginCapture_v2, hStream, mode);
-
-	if (r == CUDA_SUCCESS && emm_state_enabled())
-		emm_state_capture_begin(hStream, false, mode);
-	return r;
+	BEGIN_CAPTURE(false, mode, CALL_REAL(cuStreamBeginCapture_v2, hStream, mode));
 }
 
 EMM_EXPORT CUresult CUDAAPI cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode)
 {
-	CUresult r = CALL_EXTRA(cuStreamBeginCapture_v2_ptsz, hStream, mode);
-
-	if (r == CUDA_SUCCESS && emm_state_enabled())
-		emm_state_capture_begin(hStream, true, mode);
-	return r;
+	BEGIN_CAPTURE(true, mode, CALL_EXTRA(cuStreamBeginCapture_v2_ptsz, hStream, mode));
 }
 
 EMM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph,
@@ -95,12 +90,9 @@ EMM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph(CUstream hStream, CUgrap
                                                         const CUgraphEdgeData *dependencyData,
                                                         size_t numDependencies, CUstreamCaptureMode mode)
 {
-	CUresult r = CALL_EXTRA(cuStreamBeginCaptureToGraph, hStream, hGraph, dependencies, dependencyData,
-	                        numDependencies, mode);
-
-	if (r == CUDA_SUCCESS && emm_state_enabled())
-		emm_state_capture_begin(hStream, false, mode);
-	return r;
+	BEGIN_CAPTURE(false, mode,
+	              CALL_EXTRA(cuStreamBeginCaptureToGraph, hStream, hGraph, dependencies, dependencyData,
+	                         numDependencies, mode));
 }
 
 EMM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph,
@@ -108,12 +100,9 @@ EMM_EXPORT CUresult CUDAAPI cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, C
                                                              const CUgraphEdgeData *dependencyData,
                                                              size_t numDependencies, CUstreamCaptureMode mode)
 {
-	CUresult r = CALL_EXTRA(cuStreamBeginCaptureToGraph_ptsz, hStream, hGraph, dependencies,
-	                        dependencyData, numDependencies, mode);
-
-	if (r == CUDA_SUCCESS && emm_state_enabled())
-		emm_state_capture_begin(hStream, true, mode);
-	return r;
+	BEGIN_CAPTURE(true, mode,
+	              CALL_EXTRA(cuStreamBeginCaptureToGraph_ptsz, hStream, hGraph, dependencies, dependencyData,
+	                         numDependencies, mode));
 }
 
 /* The capture is over unless the call failed and the stream still

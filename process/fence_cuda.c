@@ -19,6 +19,13 @@
  * cuMemFreeAsync on a foreign stream) takes its event from that context's
  * pool.
  *
+ * Captures: every event record and query passes the capture gate
+ * (capture.c), which refuses what an active capture forbids (a record on a
+ * capturing stream, anything at all during a global-mode capture) and makes
+ * a capture begun meanwhile wait for it; host waits are only checked. The
+ * allocator asks `capturing` before it records or polls; the gate closes
+ * the window between that question and the call.
+ *
  * Pools are never freed: when a context is destroyed its pool is marked dead
  * (the driver destroyed the events with it) and every marker of it reads as
  * complete, so a marker that outlives its context is harmless. At exit
@@ -37,6 +44,7 @@
 
 struct cuda_fence {
 	CUevent event;
+	emm_stream_t key; /* recorded on (the capture gate of its queries) */
 	struct emm_fence_pool *pool;
 	struct cuda_fence *next; /* free list */
 };
@@ -212,6 +220,8 @@ static int ctx_sync(struct emm_fence_pool *pool)
 		return 0;
 	if (!real->cuCtxSynchronize)
 		return -ENOSYS;
+	if (!st_capture_gate_check(EMM_STREAM_SYNC))
+		return -EBUSY;
 	pushed = ctx_enter(pool->ctx);
 	r = real->cuCtxSynchronize();
 	ctx_leave(pushed);
@@ -228,8 +238,10 @@ static int fence_record(void *ctx, emm_stream_t key, uint64_t *ret_event)
 	const struct emm_real_driver_table *real = emm_state_real();
 	struct emm_fence_pool *pool = ctx;
 	struct cuda_fence *f;
+	unsigned phase;
 	CUresult r;
 	bool pushed;
+	int sr;
 
 	st_assert_unlocked("cuEventRecord (a fence op)");
 	if (EMM_STREAM_IS_HANDLE(key)) {
@@ -244,13 +256,19 @@ static int fence_record(void *ctx, emm_stream_t key, uint64_t *ret_event)
 		*ret_event = 0;
 		return 0;
 	}
+	if (!st_capture_gate_enter(key, &phase))
+		return -EBUSY;
 	f = fence_get(pool);
-	if (!f)
+	if (!f) {
+		st_capture_gate_leave(phase);
 		goto fallback;
+	}
 	pushed = ctx_enter(pool->ctx);
 	r = real->cuEventRecord(f->event, emm_state_stream_handle(key));
 	ctx_leave(pushed);
+	st_capture_gate_leave(phase);
 	if (r == CUDA_SUCCESS) {
+		f->key = key;
 		*ret_event = (uint64_t)(uintptr_t)f;
 		return 0;
 	}
@@ -264,10 +282,10 @@ static int fence_record(void *ctx, emm_stream_t key, uint64_t *ret_event)
 	          (unsigned long long)key, (int)r);
 fallback:
 	/* No marker: make everything before now complete, then hand out the
-	 * null marker. Never reached during capture (the allocator asks
-	 * `capturing` before recording). */
-	if (ctx_sync(pool) < 0)
-		return -EIO;
+	 * null marker; not during a capture that forbids it (-EBUSY). */
+	sr = ctx_sync(pool);
+	if (sr < 0)
+		return sr == -EBUSY ? -EBUSY : -EIO;
 	*ret_event = 0;
 	return 0;
 }
@@ -276,13 +294,17 @@ static int fence_query(void *ctx, uint64_t event)
 {
 	const struct emm_real_driver_table *real = emm_state_real();
 	struct cuda_fence *f = (struct cuda_fence *)(uintptr_t)event;
+	unsigned phase;
 	CUresult r;
 
 	st_assert_unlocked("cuEventQuery (a fence op)");
 	(void)ctx;
 	if (!f || pool_gone(f->pool) || !real->cuEventQuery)
 		return 0;
+	if (!st_capture_gate_enter(f->key, &phase))
+		return -EBUSY; /* not known complete: asked again after the capture */
 	r = real->cuEventQuery(f->event);
+	st_capture_gate_leave(phase);
 	switch (r) {
 	case CUDA_SUCCESS:
 		return 0;
@@ -329,6 +351,8 @@ static int fence_synchronize(void *ctx, uint64_t event)
 	(void)ctx;
 	if (!f || pool_gone(f->pool) || !real->cuEventSynchronize)
 		return 0;
+	if (!st_capture_gate_check(f->key))
+		return -EBUSY;
 	r = real->cuEventSynchronize(f->event);
 	if (r == CUDA_ERROR_DEINITIALIZED) {
 		emm_state_driver_gone();

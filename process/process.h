@@ -30,6 +30,8 @@
  *                  destruction (exclusive).
  *   stream_lock  - the stream registry (rwlock); a leaf.
  *   capture_lock - captures, graph objects, the graph quarantine; a leaf.
+ *   gate drain   - serialises capture begins while they wait for fence ops
+ *                  in flight (capture.c); held only across that wait.
  *   pool->lock   - a context's free CUDA events; a leaf.
  *   vmm_lock     - the VMM cache (vmm.c, vmm_table.c, vmm_idle.c); a leaf,
  *                  and the fence ops run outside it.
@@ -229,6 +231,8 @@ struct emm_state_real_extra {
 	/* the first capture ABI (relaxed mode); cuda.h renames the name away */
 	CUresult (*stream_begin_capture_v1)(CUstream);
 	CUresult (*cuStreamBeginCapture_ptsz)(CUstream);
+	/* the calling thread's capture mode (relaxed around backend calls) */
+	CUresult (*cuThreadExchangeStreamCaptureMode)(CUstreamCaptureMode *);
 	/* unique per context instance; NULL before driver 12.0 */
 	CUresult (*cuCtxGetId)(CUcontext, unsigned long long *);
 	/* graphs (the quarantine follows them; quarantine.c). The exports
@@ -326,9 +330,16 @@ void emm_state_stream_destroying(CUstream stream);
 void emm_state_stream_destroyed(CUstream stream);
 void emm_state_stream_destroy_failed(CUstream stream);
 
-/* Capture begun / ended on `stream` (after the real call). `graph` is the
- * graph cuStreamEndCapture returned, NULL when the capture failed. */
-void emm_state_capture_begin(CUstream stream, bool per_thread_default, CUstreamCaptureMode mode);
+/* A capture is about to begin on `stream` (before the real call): it is
+ * recorded now, so that no fence op of libemm's starts inside it, and the
+ * begin waits (bounded) for the event records and queries other threads
+ * have in flight. Then, after the real call, emm_state_capture_begun with
+ * its result (false: the record is forgotten). */
+struct emm_capture;
+struct emm_capture *emm_state_capture_begin(CUstream stream, bool per_thread_default, CUstreamCaptureMode mode);
+void emm_state_capture_begun(struct emm_capture *capture, bool ok);
+/* Capture ended on `stream` (after the real call). `graph` is the graph
+ * cuStreamEndCapture returned, NULL when the capture failed. */
 void emm_state_capture_end(CUstream stream, bool per_thread_default, CUgraph graph);
 
 /* True if stream-ordered allocation calls on `stream` must go to the driver

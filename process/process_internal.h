@@ -412,6 +412,21 @@ bool st_captures_listed_locked(void);
 bool st_captures_active_locked(void);
 void st_capture_each_set_locked(void (*fn)(struct st_qset *qs, void *arg), void *arg);
 
+/* capture.c, the gate of the fence ops (no lock held): an event record or
+ * query for stream key `key` (EMM_STREAM_SYNC: not tied to one stream)
+ * enters, and is refused (false) when a recorded capture forbids it
+ * (emm_state_capture_forbids); a capture begun meanwhile waits for it to
+ * leave. A host wait only checks (true: allowed), and is not waited for. */
+bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase);
+void st_capture_gate_leave(unsigned phase);
+bool st_capture_gate_check(emm_stream_t key);
+
+/* capture.c: switch the calling thread to relaxed capture mode (around a
+ * backend call); the mode to give st_capture_unrelax, -1 if none was
+ * switched. */
+int st_capture_relax(void);
+void st_capture_unrelax(int previous);
+
 #pragma GCC visibility pop
 
 #endif

@@ -3,8 +3,8 @@
  * process/segments.c - what feeds a context's heaps: the backend's init for
  * a context, its segment allocations and frees (device memory, and pinned
  * host memory of a flag set), made with the owning context current and
- * with no lock of the process layer held, and the stream value a backend
- * sees.
+ * with no lock of the process layer held and the calling thread in relaxed
+ * capture mode (capture.c says why), and the stream value a backend sees.
  */
 #include <errno.h>
 #include <stdint.h>
@@ -16,6 +16,21 @@
 /* Set while this thread is inside the backend: a backend that calls a
  * driver export (rather than host->driver_proc) reaches the driver. */
 EMM_TLS_IE bool st_tls_in_backend;
+
+/* Around every backend call: the thread is inside the backend, in relaxed
+ * capture mode, so a segment's driver calls during a global capture (this
+ * thread's or another's) neither fail nor invalidate it (capture.c). */
+static int backend_enter(void)
+{
+	st_tls_in_backend = true;
+	return st_capture_relax();
+}
+
+static void backend_leave(int mode)
+{
+	st_capture_unrelax(mode);
+	st_tls_in_backend = false;
+}
 
 /* The stream value a backend sees: 0 when unknown, else a CUstream. */
 static uint64_t backend_stream(emm_stream_t key)
@@ -55,16 +70,16 @@ void *st_host_state(struct ctx_entry *e)
 int st_host_backend_init(struct ctx_entry *e)
 {
 	void *state = NULL;
-	int ret;
+	int ret, mode;
 
 	if (!st_host_backend.table)
 		return -ENOSYS;
 	if (st_host_state(e))
 		return 0;
 	st_assert_unlocked("the pinned backend's init");
-	st_tls_in_backend = true;
+	mode = backend_enter();
 	ret = st_host_backend.table->init(&st_host, e->device, (uint64_t)(uintptr_t)e->ctx, &state);
-	st_tls_in_backend = false;
+	backend_leave(mode);
 	if (ret < 0)
 		return ret;
 	void *expected = NULL;
@@ -88,23 +103,23 @@ void st_host_backend_fini(struct ctx_entry *e, bool driver_alive)
 int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size, emm_stream_t stream,
                      emm_addr_t *ret_addr)
 {
-	int ret;
+	int ret, mode;
 
 	if (st_is_exiting())
 		return -ENOMEM;
 	st_assert_unlocked("a backend segment allocation");
-	st_tls_in_backend = true;
+	mode = backend_enter();
 	if (host)
 		ret = st_host_backend.table->host_segment_alloc(st_host_state(e), size, flags, ret_addr);
 	else
 		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
-	st_tls_in_backend = false;
+	backend_leave(mode);
 	/* Idle VMM buffers hold device memory too: give them back and try
 	 * once more. */
 	if (ret == -ENOMEM && !host && emm_vmm_oom_release()) {
-		st_tls_in_backend = true;
+		mode = backend_enter();
 		ret = st_backend.table->segment_alloc(e->backend_state, size, backend_stream(stream), ret_addr);
-		st_tls_in_backend = false;
+		backend_leave(mode);
 	}
 	st_annotate_ensure_probed(); /* a context exists now, as a tool requires */
 	if (ret == 0 && !host)
@@ -119,7 +134,7 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size, emm_stream_t stream)
 {
 	bool pushed;
-	int ret;
+	int ret, mode;
 
 	if (st_is_exiting())
 		return 0; /* the driver frees everything with the process */
@@ -131,12 +146,12 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 	if (!host && st_ipc_keep_segment(e, addr, size))
 		return 0;
 	pushed = st_push_ctx(e->ctx);
-	st_tls_in_backend = true;
+	mode = backend_enter();
 	if (host)
 		ret = st_host_backend.table->host_segment_free(st_host_state(e), addr, size);
 	else
 		ret = st_backend.table->segment_free(e->backend_state, addr, size, backend_stream(stream));
-	st_tls_in_backend = false;
+	backend_leave(mode);
 	st_pop_ctx(pushed);
 	if (ret == 0 && !host && st_snapshot_on)
 		st_snapshot_note(EMM_SNAP_SEGMENT_FREE, addr, size, backend_stream(stream));
@@ -160,20 +175,20 @@ enum page_op { PAGE_UNMAP, PAGE_MAP, PAGE_GROW };
 static int page_call(struct ctx_entry *e, enum page_op op, emm_addr_t seg, size_t a, size_t b, size_t c)
 {
 	bool pushed;
-	int ret;
+	int ret, mode;
 
 	if (st_is_exiting())
 		return -ECANCELED; /* nothing changes: the driver frees it all with the process */
 	st_assert_unlocked("a backend page operation");
 	pushed = st_push_ctx(e->ctx);
-	st_tls_in_backend = true;
+	mode = backend_enter();
 	if (op == PAGE_UNMAP)
 		ret = st_backend.table->segment_unmap(e->backend_state, seg, a, b, c);
 	else if (op == PAGE_MAP)
 		ret = st_backend.table->segment_map(e->backend_state, seg, a, b, c);
 	else
 		ret = st_backend.table->segment_grow(e->backend_state, seg, a, b);
-	st_tls_in_backend = false;
+	backend_leave(mode);
 	st_pop_ctx(pushed);
 	return ret;
 }
@@ -217,11 +232,11 @@ bool st_segment_pages(struct ctx_entry *e, struct emm_segment_pages *ret)
 
 int st_backend_init(struct ctx_entry *e, CUdevice dev)
 {
-	int ret;
+	int ret, mode;
 
 	st_assert_unlocked("a backend's init");
-	st_tls_in_backend = true;
+	mode = backend_enter();
 	ret = st_backend.table->init(&st_host, dev, (uint64_t)(uintptr_t)e->ctx, &e->backend_state);
-	st_tls_in_backend = false;
+	backend_leave(mode);
 	return ret;
 }

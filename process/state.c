@@ -107,6 +107,7 @@ void st_extra_init(void)
 	EXTRA(cuStreamBeginCaptureToGraph_ptsz);
 	EXTRA(cuStreamIsCapturing_ptsz);
 	EXTRA(cuCtxGetId);
+	EXTRA(cuThreadExchangeStreamCaptureMode);
 	EXTRA(cuStreamBeginCapture_ptsz);
 	EXTRA(cuGraphInstantiateWithFlags);
 	EXTRA(cuGraphClone);

@@ -336,6 +336,9 @@ bool emm_vmm_oom_release(void)
 static void *reaper_main(void *arg)
 {
 	(void)arg;
+	/* libemm's own thread: its unmaps and releases must not invalidate a
+	 * global-mode capture of the program's (capture.c). */
+	(void)st_capture_relax();
 	st_lock(&vmm_lock);
 	for (;;) {
 		struct vbuf *batch[16];

@@ -345,6 +345,10 @@ struct fake_stream *fake_stream_new_locked(struct fake_ctx *ctx, enum fake_strea
 CUresult fake_stream_resolve_locked(CUstream h, bool ptds, struct fake_stream **out);
 /* Stream-capture rules for one call (README.md, "Stream capture"). */
 CUresult fake_capture_check_unsafe_locked(void);
+/* A fence-like call (event record off capture, event or stream query or
+ * synchronize, context synchronize, legacy-stream use): counted in
+ * fence_calls_in_global_capture while a GLOBAL capture is active. */
+void fake_note_fence_call_locked(void);
 CUresult fake_capture_check_stream_use_locked(struct fake_stream *s, bool invalidate);
 /* A stream-ordered operation on s: 901 on an invalidated capture, 906 on the
  * legacy stream while a blocking stream captures; sets *captured if s is

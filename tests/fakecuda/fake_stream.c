@@ -210,19 +210,41 @@ static CUresult legacy_implicit_locked(struct fake_ctx *ctx, bool invalidate)
 CUresult fake_capture_check_unsafe_locked(void)
 {
 	CUstreamCaptureMode mode = *fake_thread_capture_mode();
-	if (mode == CU_STREAM_CAPTURE_MODE_RELAXED || !g_fake.captures)
+	if (!g_fake.captures)
 		return CUDA_SUCCESS;
 	pthread_t self = pthread_self();
 	bool bad = false;
 	for (struct fake_capture *c = g_fake.captures; c; c = c->next) {
 		bool own = pthread_equal(c->thread, self);
+		/* What GLOBAL thread mode would refuse; RELAXED lets it pass. */
+		bool global_bad = (own && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
+		                  (!own && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL);
+		if (mode == CU_STREAM_CAPTURE_MODE_RELAXED) {
+			bad |= global_bad;
+			continue;
+		}
 		if ((own && c->mode != CU_STREAM_CAPTURE_MODE_RELAXED) ||
 		    (!own && mode == CU_STREAM_CAPTURE_MODE_GLOBAL && c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL)) {
 			capture_invalidate_locked(c);
 			bad = true;
 		}
 	}
+	if (mode == CU_STREAM_CAPTURE_MODE_RELAXED) {
+		if (bad)
+			g_fake.stats.relaxed_unsafe_calls++;
+		return CUDA_SUCCESS;
+	}
 	return bad ? capture_refuse_locked(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) : CUDA_SUCCESS;
+}
+
+void fake_note_fence_call_locked(void)
+{
+	for (struct fake_capture *c = g_fake.captures; c; c = c->next) {
+		if (c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL) {
+			g_fake.stats.fence_calls_in_global_capture++;
+			return;
+		}
+	}
 }
 
 /* Waiting for or querying s: refused (900) if s is capturing, 906 for the
@@ -248,8 +270,10 @@ CUresult fake_stream_op_locked(struct fake_stream *s, bool *captured)
 		*captured = true;
 		return CUDA_SUCCESS;
 	}
-	if (s->kind == STREAM_LEGACY)
+	if (s->kind == STREAM_LEGACY) {
+		fake_note_fence_call_locked();
 		return legacy_implicit_locked(s->ctx, true);
+	}
 	return CUDA_SUCCESS;
 }
 
@@ -575,6 +599,7 @@ static CUresult stream_sync(CUstream h, bool ptds)
 	CUresult r = fake_stream_resolve_locked(h, ptds, &s);
 	if (r == CUDA_SUCCESS) {
 		g_fake.stats.stream_syncs++;
+		fake_note_fence_call_locked();
 		r = fake_capture_check_stream_use_locked(s, true);
 	}
 	if (r == CUDA_SUCCESS)
@@ -741,6 +766,7 @@ static CUresult event_record(CUevent h, CUstream hs, unsigned flags, bool ptds)
 		e->capture = s->capture;
 		g_fake.stats.event_records_captured++;
 	} else if (r == CUDA_SUCCESS) {
+		fake_note_fence_call_locked();
 		event_record_locked(e, s);
 	}
 	fake_unlock();
@@ -780,6 +806,7 @@ static CUresult event_wait_checks_locked(CUevent h, struct fake_event **out)
 	struct fake_event *e = event_lookup_locked(h);
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
+	fake_note_fence_call_locked();
 	r = fake_capture_check_unsafe_locked();
 	if (r != CUDA_SUCCESS)
 		return r;
@@ -858,6 +885,7 @@ static CUresult stream_query(CUstream h, bool ptds)
 	CUresult r = fake_stream_resolve_locked(h, ptds, &s);
 	if (r == CUDA_SUCCESS) {
 		g_fake.stats.stream_queries++;
+		fake_note_fence_call_locked();
 		r = fake_capture_check_stream_use_locked(s, true);
 	}
 	if (r == CUDA_SUCCESS)
@@ -903,8 +931,10 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned flags, bool 
 		r = CUDA_ERROR_INVALID_HANDLE;
 	if (r == CUDA_SUCCESS)
 		r = fake_stream_resolve_locked(hs, ptds, &s);
-	if (r == CUDA_SUCCESS && s->kind == STREAM_LEGACY)
+	if (r == CUDA_SUCCESS && s->kind == STREAM_LEGACY) {
+		fake_note_fence_call_locked();
 		r = legacy_implicit_locked(s->ctx, true);
+	}
 	if (r == CUDA_SUCCESS && s->capture && s->capture->invalidated)
 		r = capture_refuse_locked(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
 	if (r == CUDA_SUCCESS && e->state == EVENT_CAPTURED) {
@@ -947,6 +977,7 @@ FAKE_API CUresult cuStreamWaitEvent_ptsz(CUstream hStream, CUevent hEvent, unsig
 CUresult fake_ctx_sync_locked(struct fake_ctx *ctx)
 {
 	g_fake.stats.ctx_syncs++;
+	fake_note_fence_call_locked();
 	CUresult r = fake_capture_check_unsafe_locked();
 	if (r != CUDA_SUCCESS)
 		return r;

@@ -115,6 +115,17 @@ struct fakecuda_stats {
 	uint64_t captures_invalidated;
 	uint64_t capture_violations;     /* calls refused with a stream-capture error (900-907) */
 	uint64_t failures_injected;      /* calls answered by fakecuda_fail_next_call / _alloc */
+	/* Potentially unsafe calls (cuMemAlloc*, cuMemFree*, cuEventQuery, ...)
+	 * let through only because the calling thread was in RELAXED mode:
+	 * in GLOBAL mode they would have been refused (900). */
+	uint64_t relaxed_unsafe_calls;
+	/* Calls of the kinds a caching allocator makes to fence its frees -
+	 * cuEventRecord on a stream that is not capturing, cuEventQuery,
+	 * cuEventSynchronize, cuStreamQuery, cuStreamSynchronize,
+	 * cuCtxSynchronize, any operation on the legacy stream - made by any
+	 * thread, in any mode, while a GLOBAL-mode capture is active (counted
+	 * whether or not the driver refuses them). */
+	uint64_t fence_calls_in_global_capture;
 };
 FAKECUDA_API void fakecuda_get_stats(struct fakecuda_stats *out);
 

@@ -337,6 +337,33 @@ TEST_BEGIN(test_capture_refusals)
 	expect_int_eq(st.captures_invalidated, 1);
 	expect_int_eq(st.event_records_captured, 1);
 	expect_int_eq(st.capture_violations, 3);
+	/* Both refused calls ran while a GLOBAL capture was active. */
+	expect_int_eq(st.fence_calls_in_global_capture, 1);
+	expect_int_eq(st.relaxed_unsafe_calls, 0);
+
+	/* The same allocation from a thread switched to relaxed mode passes,
+	 * counted; an event record on another stream during the capture is a
+	 * fence call. */
+	CUstream other_s;
+	CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+	cuStreamCreate(&other_s, CU_STREAM_NON_BLOCKING);
+	expect_int_eq(cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+	expect_int_eq(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+	expect_int_eq(mode, CU_STREAM_CAPTURE_MODE_GLOBAL);
+	expect_int_eq(cuMemAlloc_v2(&p, 256), CUDA_SUCCESS);
+	expect_int_eq(cuMemFree_v2(p), CUDA_SUCCESS);
+	expect_int_eq(cuThreadExchangeStreamCaptureMode(&mode), CUDA_SUCCESS);
+	expect_int_eq(mode, CU_STREAM_CAPTURE_MODE_RELAXED);
+	expect_int_eq(cuEventRecord(other, other_s), CUDA_SUCCESS);
+	expect_int_eq(cuStreamEndCapture(s, &g), CUDA_SUCCESS);
+	expect_ptr_not_null(g);
+	cuGraphDestroy(g);
+	g = NULL;
+	fakecuda_get_stats(&st);
+	expect_int_eq(st.relaxed_unsafe_calls, 2);
+	expect_int_eq(st.fence_calls_in_global_capture, 2);
+	expect_int_eq(st.captures_invalidated, 1);
+	cuStreamDestroy_v2(other_s);
 
 	/* Relaxed: the allocation is allowed; a captured event still is not
 	 * queryable. */

@@ -51,20 +51,6 @@
 
 #include "race_util.h"
 
-__global__ void fill_affine(uint32_t *p, size_t n, uint32_t mul, uint32_t add)
-{
-	size_t stride = (size_t)gridDim.x * blockDim.x;
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-		p[i] = (uint32_t)i * mul + add;
-}
-
-__global__ void accumulate(uint32_t *out, const uint32_t *in, size_t n)
-{
-	size_t stride = (size_t)gridDim.x * blockDim.x;
-	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-		out[i] += in[i];
-}
-
 /* Spins spin_ns, then writes v into every block of ptrs[0..k) (each n words). */
 __global__ void slow_writer(uint32_t *const *ptrs, unsigned k, size_t n, uint32_t v, uint64_t spin_ns)
 {
@@ -137,8 +123,8 @@ static void part_async_nodes(void)
 	uint32_t *tmp = NULL;
 	cudaError_t ea = cudaMallocAsync((void **)&tmp, n * 4, s);
 	if (ea == cudaSuccess) {
-		fill_affine<<<GRID, 256, 0, s>>>(tmp, n, 3, 1);
-		accumulate<<<GRID, 256, 0, s>>>(out, tmp, n);
+		race_fill_affine<<<GRID, 256, 0, s>>>(tmp, n, 3, 1);
+		race_accumulate<<<GRID, 256, 0, s>>>(out, tmp, n);
 	}
 	cudaError_t ef = ea == cudaSuccess ? cudaFreeAsync(tmp, s) : cudaSuccess;
 	cudaGraph_t g = NULL;
@@ -233,7 +219,7 @@ static void part_relaxed_free(void)
 
 	struct emm_stats s0 = race_stats(0);
 	CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
-	fill_affine<<<GRID, 256, 0, s>>>(gbuf, gn, 5, 2);
+	race_fill_affine<<<GRID, 256, 0, s>>>(gbuf, gn, 5, 2);
 	unsigned free_errors = 0;
 	for (unsigned i = 0; i <= K; i++) {
 		cudaError_t e = cudaFree(bl[i]);
@@ -245,7 +231,7 @@ static void part_relaxed_free(void)
 	}
 	cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
 	CK(cudaStreamIsCapturing(s, &st));
-	accumulate<<<GRID, 256, 0, s>>>(gout, gbuf, gn);
+	race_accumulate<<<GRID, 256, 0, s>>>(gout, gbuf, gn);
 	cudaGraph_t g = NULL;
 	cudaError_t ee = cudaStreamEndCapture(s, &g);
 	struct emm_stats d = race_stats_delta(s0, race_stats(0));
@@ -344,8 +330,8 @@ static void part_freed_in_graph(void)
 	uint32_t *tmp = NULL;
 	cudaError_t ea = cudaMalloc((void **)&tmp, n * 4);
 	if (ea == cudaSuccess) {
-		fill_affine<<<GRID, 256, 0, s>>>(tmp, n, 7, 3);
-		accumulate<<<GRID, 256, 0, s>>>(out, tmp, n);
+		race_fill_affine<<<GRID, 256, 0, s>>>(tmp, n, 7, 3);
+		race_accumulate<<<GRID, 256, 0, s>>>(out, tmp, n);
 	}
 	cudaError_t ef = ea == cudaSuccess ? cudaFree(tmp) : cudaSuccess;
 	cudaGraph_t g = NULL;
@@ -457,7 +443,7 @@ static void part_destroyed_stream(void)
 		CK(cudaSetDevice(0));
 		eb = cudaStreamBeginCapture(b, cudaStreamCaptureModeGlobal);
 		if (eb == cudaSuccess)
-			fill_affine<<<GRID, 256, 0, b>>>(gbuf, gn, 3, 1);
+			race_fill_affine<<<GRID, 256, 0, b>>>(gbuf, gn, 3, 1);
 		{
 			std::unique_lock<std::mutex> lk(mu);
 			phase = 1;

@@ -251,6 +251,22 @@ __global__ void race_fill_u32(uint32_t *p, size_t n, uint32_t v)
 		p[i] = v;
 }
 
+/* p[i] = i * mul + add, grid-stride. */
+__global__ void race_fill_affine(uint32_t *p, size_t n, uint32_t mul, uint32_t add)
+{
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+		p[i] = (uint32_t)i * mul + add;
+}
+
+/* out[i] += in[i], grid-stride. */
+__global__ void race_accumulate(uint32_t *out, const uint32_t *in, size_t n)
+{
+	size_t stride = (size_t)gridDim.x * blockDim.x;
+	for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+		out[i] += in[i];
+}
+
 /* ---- host-mapped control words --------------------------------------------- */
 
 /*

@@ -11,19 +11,28 @@ libemm handed those blocks out again the sentinels (or the output) change.
 Each replay's output must match eager execution.
 
 PyTorch's uncached allocator calls cudaMalloc/cudaFree directly during the
-capture; on the real driver a global-mode capture forbids that. If PyTorch
-refuses the capture, the error is printed and the test exits 77 (skip) so
-the lead can decide: it is PyTorch's (or the driver's) refusal, not a wrong
-result.
+capture; on the real driver a global-mode capture forbids that, but libemm
+serves them (a pool miss reaches the driver in relaxed mode, frees are held
+for the graph), so under libemm with caching off a refused capture is a
+failure. Without libemm (or with PyTorch's caching on) a refusal is PyTorch's
+or the driver's: printed, and the test exits 77 (skip).
+
+The replays' outputs are also compared with those of the same capture made
+with PyTorch's own caching allocator, in a child process without libemm
+(LD_PRELOAD and PYTORCH_NO_CUDA_MEMORY_CACHING removed) fed the same inputs:
+the graph must give the same results as under PyTorch's own allocator.
 
 Usage: LD_PRELOAD=libemm.so PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
            python3 torch_graph.py [--capture-error-mode global|thread_local|relaxed]
-                                  [--replays N] [--allow-no-emm]
+                                  [--replays N] [--allow-no-emm] [--no-reference]
+       (--reference-out PATH: the child's mode, writes its replays' outputs)
 """
 import argparse
 import ctypes
 import os
+import subprocess
 import sys
+import tempfile
 
 SKIP = 77
 
@@ -83,12 +92,46 @@ def print_stats(label, fn, a, b=None):
     print(f"emm counters [{label}]: " + " ".join(parts), flush=True)
 
 
+def compare_with_reference(torch, args, outputs):
+    """The same capture and replays with PyTorch's own caching allocator, in
+    a child without libemm: its outputs must match ours. 0, or 1."""
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "reference.pt")
+        cmd = [sys.executable, os.path.abspath(__file__), "--capture-error-mode", args.capture_error_mode,
+               "--replays", str(args.replays), "--reference-out", path]
+        child = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               timeout=240)
+        if child.returncode != 0 or not os.path.exists(path):
+            print(f"FAIL: the reference run with PyTorch's own allocator failed (exit {child.returncode}):")
+            print(child.stdout)
+            return 1
+        ref = torch.load(path)
+    if ref.shape != outputs.shape:
+        print(f"FAIL: reference outputs {tuple(ref.shape)}, ours {tuple(outputs.shape)}")
+        return 1
+    diff = (ref - outputs).abs().max().item()
+    same = torch.allclose(ref, outputs, rtol=1e-4, atol=1e-4)
+    print(f"graph replays against PyTorch's own allocator (capture_error_mode={args.capture_error_mode}): "
+          f"max abs diff {diff:g}")
+    if not same:
+        print("FAIL: the graph's replays differ from those under PyTorch's own caching allocator")
+        return 1
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--capture-error-mode", default="global", choices=["global", "thread_local", "relaxed"])
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--allow-no-emm", action="store_true")
+    ap.add_argument("--no-reference", action="store_true")
+    ap.add_argument("--reference-out", default=None)
     args = ap.parse_args()
+    if args.reference_out:
+        args.allow_no_emm = True
 
     try:
         import torch
@@ -140,18 +183,23 @@ def main():
             static_y = model(static_x)
         torch.cuda.synchronize()
     except Exception as e:  # noqa: BLE001 - report whatever PyTorch raised
-        print(f"SKIP: PyTorch refused CUDA graph capture (capture_error_mode={args.capture_error_mode}) "
-              f"with PYTORCH_NO_CUDA_MEMORY_CACHING={'1' if caching_off else 'unset'}:")
+        verdict = "FAIL" if emm_active and caching_off else "SKIP"
+        print(f"{verdict}: PyTorch refused CUDA graph capture (capture_error_mode={args.capture_error_mode}) "
+              f"with PYTORCH_NO_CUDA_MEMORY_CACHING={'1' if caching_off else 'unset'}"
+              f"{' under libemm, which must serve it' if verdict == 'FAIL' else ''}:")
         print(f"  {type(e).__name__}: {e}")
         print_stats("device 0, during the capture attempt", fn, emm_stats(fn), c0)
-        return SKIP
+        return 1 if verdict == "FAIL" else SKIP
     c1 = emm_stats(fn)
     print_stats("device 0, during the capture", fn, c1, c0)
 
     bad = 0
     sentinel_hits = 0
+    outputs = []
+    gen = torch.Generator(device=dev)
+    gen.manual_seed(1234)  # the same inputs in the reference child
     for r in range(args.replays):
-        x = torch.randn(batch, d_in, device=dev)
+        x = torch.randn(batch, d_in, device=dev, generator=gen)
         static_x.copy_(x)
         # New owners of memory the size of the captured temporaries.
         junk = [torch.full((batch, d_hid), 7.0, device=dev) for _ in range(8)]
@@ -159,6 +207,7 @@ def main():
         torch.cuda.synchronize()
         g.replay()
         torch.cuda.synchronize()
+        outputs.append(static_y.detach().clone().cpu())
         with torch.no_grad():
             ref = model(x)
         if not torch.allclose(static_y, ref, rtol=1e-4, atol=1e-4):
@@ -177,11 +226,16 @@ def main():
     s1 = emm_stats(fn)
     print(f"{args.replays} replays: {bad} wrong outputs, {sentinel_hits} overwritten tensors")
     print_stats("device 0, whole test", fn, s1, s0)
+    if args.reference_out:
+        torch.save(torch.stack(outputs), args.reference_out)
+        return 1 if bad or sentinel_hits else 0
 
     rc = 0
     if bad or sentinel_hits:
         print("FAIL: CUDA graph replay under libemm gave wrong results")
         rc = 1
+    if not args.no_reference:
+        rc |= compare_with_reference(torch, args, torch.stack(outputs))
     if emm_active and caching_off and s1.allocs - s0.allocs < args.replays:
         print(f"FAIL: libemm served only {s1.allocs - s0.allocs} allocations: PyTorch's allocations did "
               "not go through the pool")
