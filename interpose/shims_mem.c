@@ -87,19 +87,21 @@ static CUresult passed_alloc(CUresult r, uint64_t ptr, size_t size, CUstream str
 	return r;
 }
 
-/* A pointer libemm did not hand out, about to reach the driver's free:
- * with EMM_VERBOSE=2 say what the driver knows of it and who frees it. */
-static uint64_t foreign(uint64_t ptr, const void *caller)
+/* A pointer libemm did not hand out, about to reach the driver's free from
+ * the code at `caller`: whether a driver component frees it (then it is
+ * the driver's own memory, counted with its size), and with EMM_VERBOSE=2
+ * what the driver knows of it and who frees it. */
+static void foreign(uint64_t ptr, const void *caller, struct emm_foreign_free *ff)
 {
-	if (EMM_UNLIKELY(emm_log_debug_enabled()) && ptr)
-		emm_serve_describe_foreign(ptr, caller);
-	return ptr;
+	emm_serve_foreign_free_begin(ptr, caller, ff);
 }
 
-static CUresult passed_free(CUresult r, uint64_t ptr, CUstream stream, enum emm_state_counter which)
+/* Account for a free the driver made; ff from foreign() (NULL: unknown). */
+static CUresult passed_free(CUresult r, uint64_t ptr, CUstream stream, enum emm_state_counter which,
+                            const struct emm_foreign_free *ff)
 {
 	if (r == CUDA_SUCCESS)
-		emm_serve_passed_free(which, ptr, stream);
+		emm_serve_foreign_free_end(which, ptr, stream, ff);
 	return r;
 }
 
@@ -119,14 +121,16 @@ EMM_EXPORT CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 
 EMM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 {
+	struct emm_foreign_free ff;
 	CUresult r;
 
 	if (!emm_state_enabled())
 		return CALL_REAL(cuMemFree_v2, dptr);
 	if (pool_free("cuMemFree", dptr, EMM_STREAM_SYNC, NULL, false, &r))
 		return r;
-	return passed_free(CALL_REAL(cuMemFree_v2, foreign(dptr, __builtin_return_address(0))), dptr, NULL,
-	                   EMM_COUNT_PASS_FREE);
+	foreign(dptr, __builtin_return_address(0), &ff);
+	r = CALL_REAL(cuMemFree_v2, dptr);
+	return passed_free(r, dptr, NULL, EMM_COUNT_PASS_FREE, &ff);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -187,6 +191,7 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
                            const void *caller)
 {
 	struct emm_block_range range;
+	struct emm_foreign_free ff;
 	CUresult r;
 
 	if (!real)
@@ -194,8 +199,11 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 	if (!emm_state_enabled())
 		return real(dptr, hStream);
 	if (dptr && emm_state_stream_capturing(hStream, ptsz)) {
-		if (emm_serve_find_block(dptr, &range) != 0)
-			return passed_free(real(foreign(dptr, caller), hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
+		if (emm_serve_find_block(dptr, &range) != 0) {
+			foreign(dptr, caller, &ff);
+			r = real(dptr, hStream);
+			return passed_free(r, dptr, hStream, EMM_COUNT_PASS_FREE, &ff);
+		}
 		/* One of our blocks freed inside a capture: the driver cannot
 		 * make a graph node of it. The graph quarantine keeps it until
 		 * the graph is gone (as for a synchronous free during capture). */
@@ -204,11 +212,13 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 		          (unsigned long long)dptr);
 		if (pool_free("cuMemFreeAsync", dptr, EMM_STREAM_SYNC, hStream, false, &r))
 			return r;
-		return passed_free(real(dptr, hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
+		return passed_free(real(dptr, hStream), dptr, hStream, EMM_COUNT_PASS_FREE, NULL);
 	}
 	if (pool_free("cuMemFreeAsync", dptr, emm_state_stream_key(hStream, ptsz), hStream, false, &r))
 		return r;
-	return passed_free(real(foreign(dptr, caller), hStream), dptr, hStream, EMM_COUNT_PASS_FREE);
+	foreign(dptr, caller, &ff);
+	r = real(dptr, hStream);
+	return passed_free(r, dptr, hStream, EMM_COUNT_PASS_FREE, &ff);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream)
@@ -261,16 +271,16 @@ EMM_EXPORT CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t bytesize, unsigned 
 
 EMM_EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
 {
+	struct emm_foreign_free ff;
 	CUresult r;
 
 	if (!emm_state_enabled())
 		return CALL_REAL(cuMemFreeHost, p);
 	if (pool_free("cuMemFreeHost", (uint64_t)(uintptr_t)p, EMM_STREAM_SYNC, NULL, true, &r))
 		return r;
-	return passed_free(CALL_REAL(cuMemFreeHost, (void *)(uintptr_t)foreign((uint64_t)(uintptr_t)p,
-	                                                                       __builtin_return_address(0))),
-	                   (uint64_t)(uintptr_t)p, NULL,
-	                   EMM_COUNT_PASS_HOST_FREE);
+	foreign((uint64_t)(uintptr_t)p, __builtin_return_address(0), &ff);
+	r = CALL_REAL(cuMemFreeHost, p);
+	return passed_free(r, (uint64_t)(uintptr_t)p, NULL, EMM_COUNT_PASS_HOST_FREE, &ff);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuMemHostRegister_v2(void *p, size_t bytesize, unsigned int Flags)

@@ -81,6 +81,15 @@ bool emm_real_is_driver_address(const void *addr);
 /* The same test on a path (dladdr's dli_fname). */
 bool emm_real_is_driver_path(const char *path);
 
+/* True if `addr` lies inside a driver component: a library of the driver
+ * (emm_real_is_driver_address) or its video and JPEG engine library
+ * (libnvcuvid.so*, which nvJPEG's hardware path loads). Such a library
+ * gets device memory from the driver through its private tables, where
+ * libemm cannot see or serve it, and frees it through the public
+ * cuMemFree_v2. One dladdr: for the rare free of a pointer libemm did not
+ * hand out, never on a hot path. */
+bool emm_real_is_driver_component_address(const void *addr);
+
 /* True if `addr` lies inside libemm or a libemm backend (libemm*.so):
  * lookups made from there are never substituted either. */
 bool emm_real_is_libemm_address(const void *addr);
@@ -459,6 +468,7 @@ enum emm_passby {
 	EMM_PASSBY_POOL,          /* allocations from an explicit pool */
 	EMM_PASSBY_CAPTURE,       /* stream-ordered allocations during a capture (driver) */
 	EMM_PASSBY_UNKNOWN_FREE,  /* frees of pointers libemm did not hand out (driver) */
+	EMM_PASSBY_DRIVER,        /* frees of memory a driver component got inside the driver */
 	EMM_PASSBY__COUNT
 };
 
@@ -523,10 +533,25 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 void emm_serve_passed_alloc(enum emm_state_counter which, int result, emm_addr_t addr, size_t size,
                             const void *stream);
 void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const void *stream);
-/* Log (debug level) what the driver says of `addr`, a pointer libemm did
- * not hand out that the code at `caller` frees: memory type, managed,
- * explicit pool, range, mapping - which allocation path it came from. */
-void emm_serve_describe_foreign(emm_addr_t addr, const void *caller);
+/* A free of a pointer libemm did not hand out, as the shims see it before
+ * the driver's free: whether the code that frees it is a driver component
+ * (emm_real_is_driver_component_address: then the memory is the driver's
+ * own, counted under "passed by, driver components" with its bytes, not as
+ * an unknown free) and the bytes of the driver's allocation (0 unknown). */
+struct emm_foreign_free {
+	bool driver_component;
+	uint64_t bytes;
+};
+/* Fill *out for `addr`, freed by the code at `caller` (a return address),
+ * before the driver's free: one dladdr, and for a driver component the
+ * driver's CU_POINTER_ATTRIBUTE_RANGE_SIZE. With EMM_VERBOSE=2 also log
+ * what the driver says of it (memory type, managed, explicit pool, range,
+ * mapping: which allocation path it came from) and who frees it. */
+void emm_serve_foreign_free_begin(emm_addr_t addr, const void *caller, struct emm_foreign_free *out);
+/* After the driver freed it: count it as emm_serve_passed_free does, under
+ * the family *ff says (NULL: an unknown free). */
+void emm_serve_foreign_free_end(enum emm_state_counter which, emm_addr_t addr, const void *stream,
+                                const struct emm_foreign_free *ff);
 /* The live block containing `addr`: 0 and *ret_range; -ENXIO inside one of
  * libemm's segments but in no live block; -ENOENT not libemm's memory. */
 int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range);

@@ -104,6 +104,16 @@ bool emm_real_is_driver_address(const void *addr)
 	return emm_real_is_driver_path(info.dli_fname);
 }
 
+bool emm_real_is_driver_component_address(const void *addr)
+{
+	Dl_info info;
+
+	if (!addr || !dladdr(addr, &info) || !info.dli_fname)
+		return false;
+	return emm_real_is_driver_path(info.dli_fname) ||
+	       strncmp(path_basename(info.dli_fname), "libnvcuvid.so", 13) == 0;
+}
+
 static void *libemm_base;
 
 bool emm_real_is_libemm_address(const void *addr)

@@ -17,6 +17,11 @@
  * fails in the runtime shim's fast path (report false) and then reaches the
  * driver shim through the real runtime is one failure: the second attempt,
  * the same size on the same thread right after, is answered at once.
+ *
+ * A free of a pointer libemm did not hand out is an "unknown free", unless
+ * the code freeing it is a driver component (libnvcuvid, the driver's own
+ * libraries): that memory came from the driver's private tables, and is
+ * counted with its driver-reported size as "passed by, driver components".
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -26,6 +31,7 @@
 
 #include "allocator/ptrmap.h"
 #include "allocator/trace.h"
+#include "common/compiler.h"
 #include "common/log.h"
 #include "process/annotate.h"
 #include "process/poison.h"
@@ -189,17 +195,33 @@ void emm_serve_passed_alloc(enum emm_state_counter which, int result, emm_addr_t
 	}
 }
 
-void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const void *stream)
+static void passed_free_as(enum emm_state_counter which, emm_addr_t addr, const void *stream,
+                           enum emm_passby family, uint64_t bytes)
 {
 	if (addr) {
 		emm_state_count(which);
 		if (which == EMM_COUNT_PASS_FREE || which == EMM_COUNT_PASS_HOST_FREE)
-			emm_state_passby(EMM_PASSBY_UNKNOWN_FREE, 0);
+			emm_state_passby(family, bytes);
 		trace(EMM_TRACE_FREE, addr, 0, stream, memory_of(which));
 	}
 }
 
-void emm_serve_describe_foreign(emm_addr_t addr, const void *caller)
+void emm_serve_passed_free(enum emm_state_counter which, emm_addr_t addr, const void *stream)
+{
+	passed_free_as(which, addr, stream, EMM_PASSBY_UNKNOWN_FREE, 0);
+}
+
+void emm_serve_foreign_free_end(enum emm_state_counter which, emm_addr_t addr, const void *stream,
+                                const struct emm_foreign_free *ff)
+{
+	if (ff && ff->driver_component)
+		passed_free_as(which, addr, stream, EMM_PASSBY_DRIVER, ff->bytes);
+	else
+		passed_free_as(which, addr, stream, EMM_PASSBY_UNKNOWN_FREE, 0);
+}
+
+/* EMM_VERBOSE=2: what the driver says of a foreign pointer and who frees it. */
+static void describe_foreign(emm_addr_t addr, const void *caller, bool driver_component)
 {
 	const struct emm_real_driver_table *real = emm_state_real();
 	CUpointer_attribute attrs[] = {
@@ -227,10 +249,33 @@ void emm_serve_describe_foreign(emm_addr_t addr, const void *caller)
 		return;
 	}
 	emm_debug("free of %#llx, not libemm's, from %s: memory type %u, managed %u, pool %#llx, "
-	          "range %#llx+%llu, mapped %u, shareable handle types %#llx",
+	          "range %#llx+%llu, mapped %u, shareable handle types %#llx%s",
 	          (unsigned long long)addr, who.dli_fname, (unsigned)(v[0] & 0xffffffffu), (unsigned)(v[1] & 0xff),
 	          (unsigned long long)v[2], (unsigned long long)v[3], (unsigned long long)v[4],
-	          (unsigned)(v[5] & 0xff), (unsigned long long)v[6]);
+	          (unsigned)(v[5] & 0xff), (unsigned long long)v[6],
+	          driver_component ? "; a driver component's (passed by, driver components)" : "");
+}
+
+void emm_serve_foreign_free_begin(emm_addr_t addr, const void *caller, struct emm_foreign_free *out)
+{
+	const struct emm_real_driver_table *real;
+	size_t size = 0;
+
+	out->driver_component = false;
+	out->bytes = 0;
+	if (!addr)
+		return;
+	/* Only on this path: a free that libemm did not serve. The size is
+	 * the driver's, asked before its free makes the pointer unknown. */
+	if (emm_real_is_driver_component_address(caller)) {
+		out->driver_component = true;
+		real = emm_state_real();
+		if (real && real->cuPointerGetAttribute &&
+		    real->cuPointerGetAttribute(&size, CU_POINTER_ATTRIBUTE_RANGE_SIZE, addr) == CUDA_SUCCESS)
+			out->bytes = size;
+	}
+	if (EMM_UNLIKELY(emm_log_debug_enabled()))
+		describe_foreign(addr, caller, out->driver_component);
 }
 
 int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range)

@@ -119,6 +119,7 @@ static void add_passby(struct emm_stats *out)
 	PASSBY(EMM_PASSBY_POOL, pool);
 	PASSBY(EMM_PASSBY_CAPTURE, capture);
 	PASSBY(EMM_PASSBY_UNKNOWN_FREE, unknown_free);
+	PASSBY(EMM_PASSBY_DRIVER, driver);
 #undef PASSBY
 }
 

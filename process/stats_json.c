@@ -40,7 +40,8 @@
 	X(passby_managed_bytes) X(passby_host_register_calls) X(passby_host_register_bytes)            \
 	X(passby_vmm_calls) X(passby_vmm_bytes) X(passby_pool_calls) X(passby_pool_bytes)              \
 	X(passby_capture_calls) X(passby_capture_bytes) X(passby_unknown_free_calls)                   \
-	X(passby_unknown_free_bytes) X(allocated_bytes_peak_error) X(requested_bytes_peak_error)
+	X(passby_unknown_free_bytes) X(allocated_bytes_peak_error) X(requested_bytes_peak_error)       \
+	X(passby_driver_calls) X(passby_driver_bytes)
 
 #define COUNT_FIELD(f) +1
 /* A field added to struct emm_stats must be added here (and to the

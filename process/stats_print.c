@@ -132,6 +132,8 @@ static void print_passby(const struct emm_stats *s, const uint64_t c[EMM_COUNT__
 	    {"during capture", s->passby_capture_calls, s->passby_capture_bytes, ""},
 	    {"device allocations", c[EMM_COUNT_PASS_ALLOC], 0, note_uncounted},
 	    {"pinned allocations", c[EMM_COUNT_PASS_HOST_ALLOC], 0, note_uncounted},
+	    {"driver components", s->passby_driver_calls, s->passby_driver_bytes,
+	     "(libnvcuvid: NVDEC, nvJPEG's hardware path; freed memory the driver allocated)"},
 	    {"unknown frees", s->passby_unknown_free_calls, 0, note_unknown},
 	};
 	uint64_t calls = 0, bytes = 0;

@@ -19,7 +19,7 @@
 extern "C" {
 #endif
 
-#define EMM_STATS_VERSION 4
+#define EMM_STATS_VERSION 5
 
 /* One scope's counters (a device, or the whole process with device -1). */
 struct emm_stats {
@@ -115,6 +115,14 @@ struct emm_stats {
 	 * path); the bound is what those allow. Row "all" adds the devices'. */
 	uint64_t allocated_bytes_peak_error;
 	uint64_t requested_bytes_peak_error;
+
+	/* version 5: frees of memory a driver component (libnvcuvid: NVDEC,
+	 * nvJPEG's hardware path; the driver's own libraries) obtained inside
+	 * the driver, where libemm cannot serve it, and freed through
+	 * cuMemFree_v2, cuMemFreeAsync or cuMemFreeHost (process-wide, as the
+	 * version 4 fields). Not in passby_unknown_free_calls. */
+	uint64_t passby_driver_calls;
+	uint64_t passby_driver_bytes;		/* the driver's sizes of those allocations */
 };
 
 /* libemm's version string, e.g. "0.1.0". */

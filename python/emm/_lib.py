@@ -41,6 +41,7 @@ passby_pool_calls passby_pool_bytes
 passby_capture_calls passby_capture_bytes
 passby_unknown_free_calls passby_unknown_free_bytes
 allocated_bytes_peak_error requested_bytes_peak_error
+passby_driver_calls passby_driver_bytes
 """.split()
 
 

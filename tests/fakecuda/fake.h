@@ -299,6 +299,11 @@ void fake_mem_free_deferred_locked(CUdeviceptr ptr);
 CUresult fake_mem_alloc_async(CUdeviceptr *dptr, size_t size, CUstream hs, bool ptds, bool explicit,
 			      CUmemoryPool hpool);
 
+/* cuMemAlloc_v2 and cuMemAllocHost_v2 for the private export table
+ * (fake_procaddr.c): the same memory, by no exported entry point. */
+CUresult fake_mem_private_alloc(CUdeviceptr *dptr, size_t bytesize);
+CUresult fake_mem_private_host_alloc(void **pp, size_t bytesize);
+
 /* [p, p + n) lies inside one allocation the device can reach (any kind). */
 bool fake_mem_device_range_locked(uintptr_t p, size_t n);
 

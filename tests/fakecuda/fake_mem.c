@@ -346,6 +346,13 @@ static CUresult mem_alloc(CUdeviceptr *dptr, size_t size, enum alloc_kind kind)
 	return r;
 }
 
+/* The private export table's allocation (fake_procaddr.c): cuMemAlloc_v2's
+ * memory, reached through no exported entry point. */
+CUresult fake_mem_private_alloc(CUdeviceptr *dptr, size_t bytesize)
+{
+	return mem_alloc(dptr, bytesize, ALLOC_DEVICE);
+}
+
 FAKE_API CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize)
 {
 	FAKE_ENTER(cuMemAlloc_v2);
@@ -647,6 +654,11 @@ static CUresult host_alloc(void **pp, size_t size, unsigned flags, enum call_abi
 		*pp = (void *)a->base;
 	fake_unlock();
 	return r;
+}
+
+CUresult fake_mem_private_host_alloc(void **pp, size_t bytesize)
+{
+	return host_alloc(pp, bytesize, 0, ABI_V2);
 }
 
 FAKE_API CUresult cuMemAllocHost_v2(void **pp, size_t bytesize)

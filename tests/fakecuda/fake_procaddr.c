@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * tests/fakecuda/fake_procaddr.c - cuGetProcAddress, cuGetProcAddress_v2,
- * cuGetExportTable.
+ * cuGetExportTable (with the fake's one private table, fakecuda.h).
  *
  * The driver resolves a base name ("cuMemAlloc") and the CUDA version the
  * caller was built for to the exported function with that ABI: the highest
@@ -259,12 +259,27 @@ FAKE_API CUresult cuGetProcAddress(const char *symbol, void **pfn, int cudaVersi
 	return resolve(symbol, pfn, cudaVersion, flags, NULL, true);
 }
 
-/* The private tables cudart asks for: the fake has none. */
+/* The one private table the fake has (fakecuda.h): memory a driver
+ * component obtains from the driver behind the public entry points, as
+ * libnvcuvid does through the real driver's tables. */
+static const struct fakecuda_private_table private_table = {
+	.size = sizeof(struct fakecuda_private_table),
+	.alloc = fake_mem_private_alloc,
+	.host_alloc = fake_mem_private_host_alloc,
+};
+
+/* The private tables cudart asks for: the fake has none of those. */
 FAKE_API CUresult cuGetExportTable(const void **ppExportTable, const CUuuid *pExportTableId)
 {
+	static const CUuuid private_id = FAKECUDA_PRIVATE_TABLE_ID;
+
 	FAKE_ENTER(cuGetExportTable);
 	if (!ppExportTable || !pExportTableId)
 		return CUDA_ERROR_INVALID_VALUE;
+	if (memcmp(pExportTableId->bytes, private_id.bytes, sizeof(private_id.bytes)) == 0) {
+		*ppExportTable = &private_table;
+		return CUDA_SUCCESS;
+	}
 	*ppExportTable = NULL;
 	return CUDA_ERROR_INVALID_VALUE;
 }

@@ -141,6 +141,23 @@ FAKECUDA_API void fakecuda_reset_counters(void);
  * device or a context that was never retained. */
 FAKECUDA_API int fakecuda_device_reset(int device, int retain);
 
+/*
+ * The private export table: cuGetExportTable(&t, &id) with
+ * id = FAKECUDA_PRIVATE_TABLE_ID answers this table. Its functions hand out
+ * device memory (as cuMemAlloc_v2's) and pinned host memory (as
+ * cuMemAllocHost_v2's) through no exported entry point, so a preloaded
+ * library cannot see the allocation: the stand-in for the real driver's
+ * private tables, through which driver components (libnvcuvid) allocate
+ * and then free with the public cuMemFree_v2.
+ */
+#define FAKECUDA_PRIVATE_TABLE_ID                                                                            \
+	{{'f', 'a', 'k', 'e', 'c', 'u', 'd', 'a', '-', 'p', 'r', 'i', 'v', 'a', 't', 'e'}}
+struct fakecuda_private_table {
+	size_t size; /* sizeof(struct fakecuda_private_table) */
+	CUresult (*alloc)(CUdeviceptr *dptr, size_t bytesize);
+	CUresult (*host_alloc)(void **pp, size_t bytesize);
+};
+
 #ifdef __cplusplus
 }
 #endif

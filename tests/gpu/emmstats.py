@@ -56,6 +56,8 @@ U64_FIELDS = (
     "passby_capture_calls", "passby_capture_bytes",
     "passby_unknown_free_calls", "passby_unknown_free_bytes",
     "allocated_bytes_peak_error", "requested_bytes_peak_error",
+    # version 5
+    "passby_driver_calls", "passby_driver_bytes",
 )
 
 
