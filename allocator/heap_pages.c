@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -322,6 +323,53 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 			break;
 	}
 	return total;
+}
+
+/* --- holding the mapped bytes at their high-water mark --------------------- */
+
+/* Up to `want` idle bytes of arena a given back; lock held. */
+static size_t release_some(struct arena *a, size_t want)
+{
+	size_t idle = a->st.reserved - a->st.allocated;
+
+	if (!a->has_remap || !idle)
+		return 0;
+	return emm_pages_release(a, idle > want ? idle - want : 0);
+}
+
+void emm_pages_hold_peak(struct arena *h, size_t need)
+{
+	struct emm_heap *heap = h->owner;
+	int64_t now, peak, excess;
+	size_t got;
+
+	if (!h->has_remap || !h->p.hold_peak)
+		return;
+	now = atomic_load_explicit(&heap->reserved, memory_order_relaxed);
+	peak = atomic_load_explicit(&heap->reserved_peak, memory_order_relaxed);
+	if (need > (size_t)INT64_MAX - (size_t)(now > 0 ? now : 0))
+		return;
+	excess = now + (int64_t)need - peak;
+	if (excess <= 0)
+		return;
+	/* Our own idle pages first, then the other arenas' (one lock at a
+	 * time: ours is dropped meanwhile, as in the OOM retry). */
+	got = release_some(h, (size_t)excess);
+	if (got >= (size_t)excess || heap->narenas == 1)
+		return;
+	excess -= (int64_t)got;
+	arena_unlock_release(h);
+	for (unsigned i = 0; i < heap->narenas && excess > 0; i++) {
+		struct arena *a = heap->arenas[i];
+
+		if (a == h)
+			continue;
+		arena_lock(a);
+		got = release_some(a, (size_t)excess);
+		arena_unlock_release(a);
+		excess -= (int64_t)(got < (size_t)excess ? got : (size_t)excess);
+	}
+	arena_lock(h);
 }
 
 /* --- growing a segment in place ------------------------------------------- */
