@@ -13,6 +13,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 struct sim_seg {
@@ -155,35 +156,33 @@ static struct sim_seg *range_locked(struct replay_pages *p, emm_addr_t seg, size
 	return s;
 }
 
-static int sim_unmap(void *state, emm_addr_t seg, size_t seg_size, size_t off, size_t len)
+/* Unmap (map false) or map `len` bytes at `off` of a segment. */
+static int sim_page(struct replay_pages *p, emm_addr_t seg, size_t seg_size, size_t off, size_t len, bool map)
 {
-	struct replay_pages *p = state;
 	struct sim_seg *s;
 	int r = -EINVAL;
 
 	pthread_mutex_lock(&p->lock);
 	s = range_locked(p, seg, seg_size, off, len);
-	if (s && s->mapped >= len) {
+	if (s && !map && s->mapped >= len) {
 		s->mapped -= len;
 		p->mapped -= len;
 		r = 0;
+	} else if (s && map && s->size - s->mapped >= len && (r = charge_locked(p, len)) == 0) {
+		s->mapped += len;
 	}
 	pthread_mutex_unlock(&p->lock);
 	return r;
 }
 
+static int sim_unmap(void *state, emm_addr_t seg, size_t seg_size, size_t off, size_t len)
+{
+	return sim_page(state, seg, seg_size, off, len, false);
+}
+
 static int sim_map(void *state, emm_addr_t seg, size_t seg_size, size_t off, size_t len)
 {
-	struct replay_pages *p = state;
-	struct sim_seg *s;
-	int r = -EINVAL;
-
-	pthread_mutex_lock(&p->lock);
-	s = range_locked(p, seg, seg_size, off, len);
-	if (s && s->size - s->mapped >= len && (r = charge_locked(p, len)) == 0)
-		s->mapped += len;
-	pthread_mutex_unlock(&p->lock);
-	return r;
+	return sim_page(state, seg, seg_size, off, len, true);
 }
 
 static int sim_grow(void *state, emm_addr_t seg, size_t old_size, size_t new_size)

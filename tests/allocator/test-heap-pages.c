@@ -399,10 +399,13 @@ static void *race_main(void *arg)
 	return NULL;
 }
 
-TEST_BEGIN(test_threads)
+/* Threads racing on two arenas; with the peak held too (its visits to the
+ * other arena, large requests all in arena 0). */
+static void race_threads(bool hold)
 {
 	struct emm_heap_params p = params1();
 	p.arenas = 2;
+	p.hold_peak = hold;
 	race_heap = setup(&p, 600 * MIB, true, true, false);
 	assert_ptr_not_null(race_heap);
 	pthread_t t[THREADS];
@@ -414,8 +417,14 @@ TEST_BEGIN(test_threads)
 	struct emm_stats st = heap_stats(race_heap);
 	expect_u64_eq(st.live_blocks, 0);
 	expect_u64_eq(st.reserved_bytes, pd.used);
-	expect_true(st.page_unmaps > 0);
+	if (!hold)
+		expect_true(st.page_unmaps > 0);
 	teardown(race_heap);
+}
+
+TEST_BEGIN(test_threads)
+{
+	race_threads(false);
 }
 TEST_END
 
@@ -489,21 +498,7 @@ TEST_END
 
 TEST_BEGIN(test_threads_hold_peak)
 {
-	struct emm_heap_params p = params1();
-	p.arenas = 2;
-	p.hold_peak = true;
-	race_heap = setup(&p, 600 * MIB, true, true, false);
-	assert_ptr_not_null(race_heap);
-	pthread_t t[THREADS];
-	for (uintptr_t i = 0; i < THREADS; i++)
-		pthread_create(&t[i], NULL, race_main, (void *)i);
-	for (int i = 0; i < THREADS; i++)
-		pthread_join(t[i], NULL);
-	CHECKH(race_heap);
-	struct emm_stats st = heap_stats(race_heap);
-	expect_u64_eq(st.live_blocks, 0);
-	expect_u64_eq(st.reserved_bytes, pd.used);
-	teardown(race_heap);
+	race_threads(true);
 }
 TEST_END
 
