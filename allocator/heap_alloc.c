@@ -21,7 +21,8 @@ static int grow_segment(struct arena *h, unsigned pool, size_t seg_size, size_t 
 	int r = -ENOSPC;
 	bool grows = pool == POOL_LARGE && h->has_grow;
 
-	emm_pages_hold_peak(h, grows ? rounded : seg_size);
+	if (h->has_remap && h->p.hold_peak)
+		emm_pages_hold_peak(h, grows ? emm_pages_grow_need(h, rounded, stream, seg_size) : seg_size);
 	if (grows) {
 		while ((r = emm_pages_grow(h, rounded, stream, ret)) == -EAGAIN) {
 			/* Another thread grew it meanwhile: its tail may serve us. */
@@ -136,7 +137,7 @@ int emm_heap_alloc_map(struct arena *h, unsigned pool, size_t rounded, size_t si
 {
 	int r;
 
-	emm_pages_hold_peak(h, (*ret)->size);
+	emm_pages_hold_peak(h, emm_pages_unmapped_under(h, *ret));
 	r = emm_pages_map_block(h, *ret);
 	if (r == 0)
 		return 0;

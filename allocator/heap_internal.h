@@ -543,6 +543,12 @@ size_t emm_pages_release(struct arena *h, size_t keep);
  * Lock held; dropped around the calls and while other arenas are visited:
  * the caller's taken block stays its own, its lookups must be fresh. */
 void emm_pages_hold_peak(struct arena *h, size_t need);
+/* The bytes of the granules under block b that have no memory behind them
+ * (emm_pages_map_block would map them). Lock held. */
+size_t emm_pages_unmapped_under(const struct arena *h, const struct emm_block *b);
+/* About what a miss for `rounded` on `stream` maps: the growth of the
+ * segment emm_pages_grow would grow, else a new segment's seg_size. */
+size_t emm_pages_grow_need(const struct arena *h, size_t rounded, emm_stream_t stream, size_t seg_size);
 
 /* Grow the arena's newest large segment of `stream` in place so that its
  * tail can serve `rounded`: 0 and the ready-any tail block in *ret;

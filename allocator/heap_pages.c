@@ -327,6 +327,43 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 
 /* --- holding the mapped bytes at their high-water mark --------------------- */
 
+/* The segment a large request on `stream` grows: the arena's newest
+ * page-managed large segment of the stream, or NULL. */
+static struct emm_segment *grow_target(const struct arena *h, emm_stream_t stream)
+{
+	struct emm_segment *s;
+
+	for (s = h->segs; s; s = s->next)
+		if (s->pool == POOL_LARGE && s->stream == stream && managed(s))
+			break;
+	return s;
+}
+
+size_t emm_pages_grow_need(const struct arena *h, size_t rounded, emm_stream_t stream, size_t seg_size)
+{
+	const struct emm_segment *s = h->has_grow ? grow_target(h, stream) : NULL;
+	const struct emm_block *t;
+
+	if (!s)
+		return seg_size;
+	t = s->last;
+	if (t->state == BLOCK_READY && t->stream == 0)
+		return rounded > t->size ? rounded - t->size : 0;
+	return rounded;
+}
+
+size_t emm_pages_unmapped_under(const struct arena *h, const struct emm_block *b)
+{
+	const struct emm_segment *s = b->seg;
+	size_t g = h->pg.granularity, n = 0;
+
+	if (!s->unmapped || !managed(s))
+		return 0;
+	for (size_t i = (b->addr - s->base) / g, end = (b->addr + b->size - s->base + g - 1) / g; i < end; i++)
+		n += !bit_get(s->gmap, i);
+	return n * g;
+}
+
 /* Up to `want` idle bytes of arena a given back; lock held. */
 static size_t release_some(struct arena *a, size_t want)
 {
@@ -381,12 +418,7 @@ int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct 
 	struct emm_block *t, *nb = NULL;
 	size_t have = 0;
 
-	if (!h->has_grow)
-		return -ENOSPC;
-	for (s = h->segs; s; s = s->next)
-		if (s->pool == POOL_LARGE && s->stream == stream && managed(s))
-			break;
-	if (!s)
+	if (!h->has_grow || !(s = grow_target(h, stream)))
 		return -ENOSPC;
 	if (s->growing || s->paging) {
 		/* Another grow, or maps/unmaps naming its current size, run:
