@@ -290,6 +290,8 @@ struct ctx_calls {
 	CUresult (*primary_retain)(CUcontext *ctx, CUdevice dev);
 	CUresult (*primary_release)(CUdevice dev);
 	CUresult (*create)(CUcontext *ctx, unsigned int flags, CUdevice dev);
+	/* Where a driver has no cuCtxCreate_v2 any more: */
+	CUresult (*create_v4)(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev);
 	CUresult (*destroy)(CUcontext ctx);
 };
 
@@ -303,6 +305,7 @@ static void ctx_calls_get(const struct emm_backend_host *host, struct ctx_calls 
 	*(void **)&c->primary_retain = proc(host, "cuDevicePrimaryCtxRetain");
 	*(void **)&c->primary_release = proc(host, "cuDevicePrimaryCtxRelease_v2");
 	*(void **)&c->create = proc(host, "cuCtxCreate_v2");
+	*(void **)&c->create_v4 = proc(host, "cuCtxCreate_v4");
 	*(void **)&c->destroy = proc(host, "cuCtxDestroy_v2");
 }
 
@@ -334,9 +337,16 @@ static bool release_in_primary(struct async_state *st, const struct ctx_calls *c
 static bool release_in_own_context(struct async_state *st, const struct ctx_calls *c)
 {
 	CUcontext own = NULL;
+	CUresult res = CUDA_ERROR_NOT_FOUND;
 	bool done;
 
-	if (!c->create || !c->destroy || c->create(&own, 0, (CUdevice)st->device) != CUDA_SUCCESS)
+	if (!c->destroy)
+		return false;
+	if (c->create)
+		res = c->create(&own, 0, (CUdevice)st->device);
+	else if (c->create_v4)
+		res = c->create_v4(&own, NULL, 0, (CUdevice)st->device);
+	if (res != CUDA_SUCCESS)
 		return false;
 	done = release_here(st);
 	(void)c->destroy(own);

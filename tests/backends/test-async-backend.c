@@ -265,26 +265,30 @@ TEST_END
  * backend's own carries the frees and goes. */
 TEST_BEGIN(test_fini_after_primary_reset)
 {
-	void *st = NULL;
-	uint64_t a = 0;
-	CUcontext primary = bh_reset(0), cur = NULL;
-	unsigned flags = 0;
-	int active = 1;
+	for (int v4 = 0; v4 <= 1; v4++) {
+		void *st = NULL;
+		uint64_t a = 0;
+		CUcontext primary = bh_reset(0), cur = NULL;
+		unsigned flags = 0;
+		int active = 1;
 
-	assert_int_eq(be->init(&bh_host, 0, 1, &st), 0);
-	assert_int_eq(be->segment_alloc(st, 6 * MIB, 0, &a), 0);
-	assert_int_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
-	expect_u64_eq(fakecuda_mem_used(0), 6 * MIB); /* the pool outlived it */
-	be->fini(st, false);
-	expect_u64_eq(fakecuda_calls("cuCtxCreate_v2"), 1);
-	expect_u64_eq(fakecuda_calls("cuMemPoolDestroy"), 1);
-	expect_u64_eq(fakecuda_mem_used(0), 0);
-	expect_int_eq(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
-	expect_int_eq(active, 0);
-	assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
-	expect_ptr_eq(cur, primary);
-	expect_int_eq(cuMemFree((CUdeviceptr)a), CUDA_ERROR_CONTEXT_IS_DESTROYED);
-	expect_int_eq(bh_complaints(), 0);
+		/* A driver without cuCtxCreate_v2: cuCtxCreate_v4. */
+		bh_hidden = v4 ? "cuCtxCreate_v2" : NULL;
+		assert_int_eq(be->init(&bh_host, 0, 1, &st), 0);
+		assert_int_eq(be->segment_alloc(st, 6 * MIB, 0, &a), 0);
+		assert_int_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+		expect_u64_eq(fakecuda_mem_used(0), 6 * MIB); /* the pool outlived it */
+		be->fini(st, false);
+		expect_u64_eq(fakecuda_calls(v4 ? "cuCtxCreate_v4" : "cuCtxCreate_v2"), 1);
+		expect_u64_eq(fakecuda_calls("cuMemPoolDestroy"), 1);
+		expect_u64_eq(fakecuda_mem_used(0), 0);
+		expect_int_eq(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+		expect_int_eq(active, 0);
+		assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+		expect_ptr_eq(cur, primary);
+		expect_int_eq(cuMemFree((CUdeviceptr)a), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+		expect_int_eq(bh_complaints(), 0);
+	}
 }
 TEST_END
 
