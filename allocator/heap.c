@@ -138,6 +138,8 @@ int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_
 	struct emm_block *b;
 	if (heap->tcache && emm_tcache_alloc(heap, pool, rounded, size, stream, &b))
 		return publish(b->seg->arena, b, b->addr, stream, ret_addr);
+	if (EMM_UNLIKELY(heap->large_shared) && pool == POOL_LARGE)
+		return arena_alloc(heap->arenas[0], pool, rounded, size, stream, ret_addr);
 	return arena_alloc(thread_arena(heap), pool, rounded, size, stream, ret_addr);
 }
 
@@ -433,6 +435,7 @@ int emm_heap_create_paged(const struct emm_heap_params *params, const struct emm
 		heap->narenas *= 2;
 	heap->device = device;
 	heap->tcache = params->thread_cache;
+	heap->large_shared = params->hold_peak && pages && pages->unmap && pages->map;
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		heap->arenas[i] = arena_create(heap, params, src, pages, fence);
 		if (!heap->arenas[i]) {

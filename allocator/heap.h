@@ -76,6 +76,7 @@ struct emm_heap_params {
 	unsigned roundup_divisions;  /* 0: round to 512 B; N (power of 2): N steps per power of two */
 	size_t release_threshold;    /* idle reserved bytes above this go back (SIZE_MAX: keep all) */
 	bool oom_retry;		     /* on backend failure release idle segments and retry once */
+	bool hold_peak;		     /* page-granular heaps: give back idle pages before mapping past the high-water mark */
 	enum emm_free_mode free_mode;
 	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (32),
 				      * or half as many when an allocation needs its memory */

@@ -19,8 +19,11 @@ static int grow_segment(struct arena *h, unsigned pool, size_t seg_size, size_t 
                         struct emm_block **ret)
 {
 	int r = -ENOSPC;
+	bool grows = pool == POOL_LARGE && h->has_grow;
 
-	if (pool == POOL_LARGE && h->has_grow) {
+	if (h->has_remap && h->p.hold_peak)
+		emm_pages_hold_peak(h, grows ? emm_pages_grow_need(h, rounded, stream, seg_size) : seg_size);
+	if (grows) {
 		while ((r = emm_pages_grow(h, rounded, stream, ret)) == -EAGAIN) {
 			/* Another thread grew it meanwhile: its tail may serve us. */
 			if ((*ret = find_block(h, pool, rounded, stream)))
@@ -132,8 +135,10 @@ static void untake(struct arena *h, struct emm_block *b)
 int emm_heap_alloc_map(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
                      struct emm_block **ret)
 {
-	int r = emm_pages_map_block(h, *ret);
+	int r;
 
+	emm_pages_hold_peak(h, emm_pages_unmapped_under(h, *ret));
+	r = emm_pages_map_block(h, *ret);
 	if (r == 0)
 		return 0;
 	untake(h, *ret);

@@ -222,7 +222,9 @@ struct arena {
  * 10-14 us per cached pair against 87 ns with a heap each, and routing
  * requests over 1 MiB to the thread's own arena instead of arena 0 took 8
  * threads from 1.6 to about 10 M pairs/s on an H200 (project issue 11).
- * A free goes to the arena that owns the block's segment.
+ * A free goes to the arena that owns the block's segment. With
+ * large_shared (page-granular heaps holding their peak, EMM_HOLD_PEAK),
+ * the large pool is arena 0's alone.
  */
 #define MAX_ARENAS 64u
 
@@ -230,6 +232,11 @@ struct emm_heap {
 	unsigned narenas; /* a power of two */
 	int device;
 	bool tcache;  /* params.thread_cache: synchronous frees go through thread caches */
+	/* params.hold_peak on a heap with page give-back: every thread's
+	 * large requests go to arena 0, so one set of segments grows and
+	 * gives back (as PyTorch's one expandable segment per stream) instead
+	 * of each thread's arena keeping its own idle pages mapped. */
+	bool large_shared;
 	uint64_t uid; /* unique per heap of the process, for the thread caches */
 	struct arena *arenas[MAX_ARENAS];
 	/* Heap-wide bytes for the peaks (per-arena peaks do not add up):
@@ -527,6 +534,21 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b);
  * until at most `keep` idle bytes (reserved - allocated) remain. Returns the
  * bytes given back. Lock held; dropped around the calls. */
 size_t emm_pages_release(struct arena *h, size_t keep);
+
+/* About to map `need` more bytes (grow, new segment, remap under a block):
+ * if the heap's mapped bytes would pass their high-water mark, give back
+ * that many idle pages first (ready-any only, as emm_pages_release), this
+ * arena's then the others' - so the device sees the memory move rather
+ * than grow (EMM_HOLD_PEAK). Nothing without page give-back or when off.
+ * Lock held; dropped around the calls and while other arenas are visited:
+ * the caller's taken block stays its own, its lookups must be fresh. */
+void emm_pages_hold_peak(struct arena *h, size_t need);
+/* The bytes of the granules under block b that have no memory behind them
+ * (emm_pages_map_block would map them). Lock held. */
+size_t emm_pages_unmapped_under(const struct arena *h, const struct emm_block *b);
+/* About what a miss for `rounded` on `stream` maps: the growth of the
+ * segment emm_pages_grow would grow, else a new segment's seg_size. */
+size_t emm_pages_grow_need(const struct arena *h, size_t rounded, emm_stream_t stream, size_t seg_size);
 
 /* Grow the arena's newest large segment of `stream` in place so that its
  * tail can serve `rounded`: 0 and the ready-any tail block in *ret;

@@ -16,6 +16,7 @@ void emm_heap_params_from_options(const struct emm_options *o, struct emm_heap_p
 	p->roundup_divisions = o->roundup_divisions;
 	p->release_threshold = o->release_threshold;
 	p->oom_retry = o->oom_retry;
+	p->hold_peak = o->hold_peak;
 	switch (o->free_mode) {
 	case EMM_OPT_FREE_STRICT:
 		p->free_mode = EMM_FREE_MODE_STRICT;

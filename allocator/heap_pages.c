@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -324,6 +325,90 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 	return total;
 }
 
+/* --- holding the mapped bytes at their high-water mark --------------------- */
+
+/* The segment a large request on `stream` grows: the arena's newest
+ * page-managed large segment of the stream, or NULL. */
+static struct emm_segment *grow_target(const struct arena *h, emm_stream_t stream)
+{
+	struct emm_segment *s;
+
+	for (s = h->segs; s; s = s->next)
+		if (s->pool == POOL_LARGE && s->stream == stream && managed(s))
+			break;
+	return s;
+}
+
+size_t emm_pages_grow_need(const struct arena *h, size_t rounded, emm_stream_t stream, size_t seg_size)
+{
+	const struct emm_segment *s = h->has_grow ? grow_target(h, stream) : NULL;
+	const struct emm_block *t;
+
+	if (!s)
+		return seg_size;
+	t = s->last;
+	if (t->state == BLOCK_READY && t->stream == 0)
+		return rounded > t->size ? rounded - t->size : 0;
+	return rounded;
+}
+
+size_t emm_pages_unmapped_under(const struct arena *h, const struct emm_block *b)
+{
+	const struct emm_segment *s = b->seg;
+	size_t g = h->pg.granularity, n = 0;
+
+	if (!s->unmapped || !managed(s))
+		return 0;
+	for (size_t i = (b->addr - s->base) / g, end = (b->addr + b->size - s->base + g - 1) / g; i < end; i++)
+		n += !bit_get(s->gmap, i);
+	return n * g;
+}
+
+/* Up to `want` idle bytes of arena a given back; lock held. */
+static size_t release_some(struct arena *a, size_t want)
+{
+	size_t idle = a->st.reserved - a->st.allocated;
+
+	if (!a->has_remap || !idle)
+		return 0;
+	return emm_pages_release(a, idle > want ? idle - want : 0);
+}
+
+void emm_pages_hold_peak(struct arena *h, size_t need)
+{
+	struct emm_heap *heap = h->owner;
+	int64_t now, peak, excess;
+	size_t got;
+
+	if (!h->has_remap || !h->p.hold_peak)
+		return;
+	now = atomic_load_explicit(&heap->reserved, memory_order_relaxed);
+	peak = atomic_load_explicit(&heap->reserved_peak, memory_order_relaxed);
+	if (need > (size_t)INT64_MAX - (size_t)(now > 0 ? now : 0))
+		return;
+	excess = now + (int64_t)need - peak;
+	if (excess <= 0)
+		return;
+	/* Our own idle pages first, then the other arenas' (one lock at a
+	 * time: ours is dropped meanwhile, as in the OOM retry). */
+	got = release_some(h, (size_t)excess);
+	if (got >= (size_t)excess || heap->narenas == 1)
+		return;
+	excess -= (int64_t)got;
+	arena_unlock_release(h);
+	for (unsigned i = 0; i < heap->narenas && excess > 0; i++) {
+		struct arena *a = heap->arenas[i];
+
+		if (a == h)
+			continue;
+		arena_lock(a);
+		got = release_some(a, (size_t)excess);
+		arena_unlock_release(a);
+		excess -= (int64_t)(got < (size_t)excess ? got : (size_t)excess);
+	}
+	arena_lock(h);
+}
+
 /* --- growing a segment in place ------------------------------------------- */
 
 int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct emm_block **ret)
@@ -333,12 +418,7 @@ int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct 
 	struct emm_block *t, *nb = NULL;
 	size_t have = 0;
 
-	if (!h->has_grow)
-		return -ENOSPC;
-	for (s = h->segs; s; s = s->next)
-		if (s->pool == POOL_LARGE && s->stream == stream && managed(s))
-			break;
-	if (!s)
+	if (!h->has_grow || !(s = grow_target(h, stream)))
 		return -ENOSPC;
 	if (s->growing || s->paging) {
 		/* Another grow, or maps/unmaps naming its current size, run:

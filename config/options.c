@@ -144,6 +144,9 @@ static const char *const vmm_names[] = {
 	  "Idle cached bytes above this go back to the device")                                       \
 	X(OOM_RETRY, oom_retry, BOOL, B(true), "", NOLIMIT,                                           \
 	  "On out-of-memory, release idle cached segments and retry once")                            \
+	X(HOLD_PEAK, hold_peak, BOOL, B(true), "", NOLIMIT,                                           \
+	  "Page-granular backends (vmm): before mapping more pages, give back idle ones so that "     \
+	  "the mapped bytes stay at their high-water mark")                                           \
 	X(FREE_MODE, free_mode, ENUM, U(EMM_OPT_FREE_FENCE), "", NAMES(free_mode_names),              \
 	  "When a block freed without a stream may be reused: fence (epoch events), "                 \
 	  "strict (device sync like cuMemFree), stream (at once, trusting stream order)")             \

@@ -59,6 +59,7 @@ struct emm_options {
 	unsigned roundup_divisions; /* EMM_ROUNDUP_DIVISIONS (0 = off; power of 2 <= 64) */
 	size_t release_threshold;  /* EMM_RELEASE_THRESHOLD (unlimited = SIZE_MAX) */
 	bool oom_retry;		   /* EMM_OOM_RETRY (on) */
+	bool hold_peak;		   /* EMM_HOLD_PEAK (on) */
 	enum emm_opt_free_mode free_mode; /* EMM_FREE_MODE: fence|strict|stream */
 	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (32) */
 	size_t epoch_bytes;	   /* EMM_EPOCH_BYTES (64M) */
@@ -93,6 +94,7 @@ enum emm_option_id {
 	EMM_OPT_ROUNDUP_DIVISIONS,
 	EMM_OPT_RELEASE_THRESHOLD,
 	EMM_OPT_OOM_RETRY,
+	EMM_OPT_HOLD_PEAK,
 	EMM_OPT_FREE_MODE,
 	EMM_OPT_EPOCH_BLOCKS,
 	EMM_OPT_EPOCH_BYTES,

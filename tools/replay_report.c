@@ -86,6 +86,17 @@ void replay_print_report(FILE *out, const struct replay_trace *t, const struct r
 		replay_format_size(r->reserved_at_peak, b, sizeof(b)));
 	fprintf(out, "backend calls    %llu segment allocs, %llu segment frees\n",
 		(unsigned long long)r->stats.backend_allocs, (unsigned long long)r->stats.backend_frees);
+	if (r->stats.page_unmaps || r->stats.page_maps || r->stats.segment_grows) {
+		char u[32], m[32], g[32];
+
+		fprintf(out, "pages            %llu unmaps (%s), %llu maps (%s), %llu grows (%s)\n",
+			(unsigned long long)r->stats.page_unmaps,
+			replay_format_size(r->stats.unmapped_bytes_total, u, sizeof(u)),
+			(unsigned long long)r->stats.page_maps,
+			replay_format_size(r->stats.remapped_bytes_total, m, sizeof(m)),
+			(unsigned long long)r->stats.segment_grows,
+			replay_format_size(r->stats.grown_bytes_total, g, sizeof(g)));
+	}
 	fprintf(out, "cache            %llu hits, %llu misses, %llu splits, %llu merges, %llu OOM retries\n",
 		(unsigned long long)r->stats.hits, (unsigned long long)r->stats.misses,
 		(unsigned long long)r->stats.splits, (unsigned long long)r->stats.merges,

@@ -22,6 +22,7 @@
 
 #include "allocator/backend_loader.h"
 #include "allocator/heap_options.h"
+#include "tools/replay_pages.h"
 #include "tools/replay_snapshot.h"
 
 struct worker {
@@ -303,6 +304,18 @@ static void backend_close(struct backend_instance *b)
 
 /* --- a run --- */
 
+/* EMM_BACKEND=vmm: no driver here, so the page-granular device of
+ * replay_pages.h with the vmm backend's defaults (2 MiB pages, segments of
+ * 4 MiB and up growable). */
+#define REPLAY_PAGES_CAPACITY (UINT64_C(80) << 30)
+#define REPLAY_PAGES_PAGE     ((size_t)2 << 20)
+#define REPLAY_PAGES_GROW_MIN ((size_t)4 << 20)
+
+static bool paged(const struct replay_setup *s)
+{
+	return s->backend && strcmp(s->backend, "vmm") == 0;
+}
+
 static int alloc_timeline(struct replay_result *res, size_t n)
 {
 	n = n ? n : 1;
@@ -318,6 +331,8 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 	const struct replay_trace *t = rp->trace;
 	struct backend_instance b;
 	struct emm_segment_source src;
+	struct emm_segment_pages pages;
+	struct replay_pages *sim = NULL;
 	struct run run = {.trace = t, .res = res};
 	double t0;
 	int r;
@@ -332,24 +347,36 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 		snprintf(err, err_size, "out of memory");
 		return -ENOMEM;
 	}
-	r = backend_open(setup, &b, err, err_size);
-	if (r < 0)
-		goto out;
-	src = (struct emm_segment_source){
-	    .state = b.state,
-	    .alloc = b.loaded.table->segment_alloc,
-	    .free = b.loaded.table->segment_free,
-	};
-	/* Segment sizes the device cannot hold are cut as libemm cuts them. */
 	struct emm_heap_params params = setup->params;
 	size_t dev_free = 0, dev_total = 0;
-	if (b.loaded.table->mem_info && b.loaded.table->mem_info(b.state, &dev_free, &dev_total) == 0)
+	if (paged(setup)) {
+		/* The vmm backend, simulated: pages mapped, unmapped, grown. */
+		dev_total = setup->capacity ? setup->capacity : REPLAY_PAGES_CAPACITY;
+		r = replay_pages_create(dev_total, REPLAY_PAGES_PAGE, REPLAY_PAGES_GROW_MIN, &sim);
+		if (r < 0) {
+			snprintf(err, err_size, "cannot simulate the vmm backend (%s)", strerror(-r));
+			goto out;
+		}
+		replay_pages_bind(sim, &src, &pages);
+	} else {
+		r = backend_open(setup, &b, err, err_size);
+		if (r < 0)
+			goto out;
+		src = (struct emm_segment_source){
+		    .state = b.state,
+		    .alloc = b.loaded.table->segment_alloc,
+		    .free = b.loaded.table->segment_free,
+		};
+		if (b.loaded.table->mem_info)
+			(void)b.loaded.table->mem_info(b.state, &dev_free, &dev_total);
+	}
+	/* Segment sizes the device cannot hold are cut as libemm cuts them. */
+	if (dev_total)
 		emm_heap_params_fit(&params, dev_total);
-	r = emm_heap_create(&params, &src, NULL, 0, &run.heap);
+	r = emm_heap_create_paged(&params, &src, sim ? &pages : NULL, NULL, 0, &run.heap);
 	if (r < 0) {
 		snprintf(err, err_size, "cannot create the heap (%s)", strerror(-r));
-		backend_close(&b);
-		goto out;
+		goto close;
 	}
 
 	t0 = now_seconds();
@@ -369,7 +396,11 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 	if (setup->snapshot && (r = replay_write_snapshot(setup->snapshot, t, run.heap, run.addr, res)) < 0)
 		snprintf(err, err_size, "cannot write the snapshot %s (%s)", setup->snapshot, strerror(-r));
 	emm_heap_destroy(run.heap, true);
-	backend_close(&b);
+close:
+	if (sim)
+		replay_pages_destroy(sim);
+	else
+		backend_close(&b);
 out:
 	free(run.addr);
 	if (r < 0)

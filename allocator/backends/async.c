@@ -52,13 +52,22 @@
  * frees what is left, then destroys the pool (a pool with allocations out
  * would otherwise live on until they are freed).
  *
+ * A context destroyed by the program (cuCtxDestroy, a primary context
+ * reset, cudaDeviceReset) before libemm gave its segments back: the driver
+ * frees the context's own memory with it, but a pool belongs to the device
+ * and outlives the context, and so would its segments (still freeable by
+ * the program, and still counted as used). fini is then called with
+ * driver_alive false (the context is gone) and does what the driver did for
+ * the driver backend's segments: frees what is left and destroys the pool,
+ * through a live context of the device (the current one, else the
+ * primary context if active, retained for the time, else a context the
+ * backend creates and destroys for it: a reset primary context is not
+ * brought back behind the program's back), so the memory goes back and a
+ * later free of an old pointer gets the driver's own error. A driver that
+ * no longer answers (cuCtxGetCurrent fails) gets no further call.
+ *
  * Limits: pooled memory counts as used in cuMemGetInfo (and for every other
- * process) until trim; a context destroyed by the program (cuCtxDestroy, a
- * primary context reset) before libemm gave its segments back leaves the
- * pool and its memory to the device: fini is then told the driver may be
- * gone and calls nothing, and a pool belongs to the device, not the
- * context, so it outlives the context (a leak, and the old segment
- * addresses stay valid); segments cannot be exported with cuIpcGetMemHandle
+ * process) until trim; segments cannot be exported with cuIpcGetMemHandle
  * (no IPC cap).
  */
 #include <cuda.h>
@@ -243,25 +252,148 @@ static int async_init(const struct emm_backend_host *host, int device, uint64_t 
 	return 0;
 }
 
+/* Frees the segments left on the legacy stream of the current context,
+ * which is a live one of st's device, and waits for the frees, so that the
+ * pool has the bytes back; a segment whose free fails stays listed. Then,
+ * with none left, destroys the pool (its memory goes back to the device).
+ * True when the pool was destroyed. */
+static bool release_here(struct async_state *st)
+{
+	size_t kept = 0, freed = 0;
+	CUresult res;
+
+	for (size_t i = 0; i < st->nsegs; i++) {
+		if (st->free_async((CUdeviceptr)st->segs[i], NULL) == CUDA_SUCCESS)
+			freed++;
+		else
+			st->segs[kept++] = st->segs[i];
+	}
+	st->nsegs = kept;
+	if (freed && st->stream_synchronize)
+		(void)st->stream_synchronize(NULL);
+	if (kept)
+		return false;
+	res = st->pool_destroy(st->pool);
+	if (res != CUDA_SUCCESS)
+		async_log(st->host, EMM_BACKEND_LOG_DEBUG,
+		          "async backend: cuMemPoolDestroy on device %d failed with CUresult %d", st->device, (int)res);
+	return true;
+}
+
+/* The context calls fini needs after the context went (NULL: missing). */
+struct ctx_calls {
+	CUresult (*get_current)(CUcontext *ctx);
+	CUresult (*get_device)(CUdevice *dev);
+	CUresult (*push)(CUcontext ctx);
+	CUresult (*pop)(CUcontext *ctx);
+	CUresult (*primary_state)(CUdevice dev, unsigned int *flags, int *active);
+	CUresult (*primary_retain)(CUcontext *ctx, CUdevice dev);
+	CUresult (*primary_release)(CUdevice dev);
+	CUresult (*create)(CUcontext *ctx, unsigned int flags, CUdevice dev);
+	/* Where a driver has no cuCtxCreate_v2 any more: */
+	CUresult (*create_v4)(CUcontext *ctx, CUctxCreateParams *params, unsigned int flags, CUdevice dev);
+	CUresult (*destroy)(CUcontext ctx);
+};
+
+static void ctx_calls_get(const struct emm_backend_host *host, struct ctx_calls *c)
+{
+	*(void **)&c->get_current = proc(host, "cuCtxGetCurrent");
+	*(void **)&c->get_device = proc(host, "cuCtxGetDevice");
+	*(void **)&c->push = proc(host, "cuCtxPushCurrent_v2");
+	*(void **)&c->pop = proc(host, "cuCtxPopCurrent_v2");
+	*(void **)&c->primary_state = proc(host, "cuDevicePrimaryCtxGetState");
+	*(void **)&c->primary_retain = proc(host, "cuDevicePrimaryCtxRetain");
+	*(void **)&c->primary_release = proc(host, "cuDevicePrimaryCtxRelease_v2");
+	*(void **)&c->create = proc(host, "cuCtxCreate_v2");
+	*(void **)&c->create_v4 = proc(host, "cuCtxCreate_v4");
+	*(void **)&c->destroy = proc(host, "cuCtxDestroy_v2");
+}
+
+/* Through the device's primary context if it is active (retaining an
+ * active one only counts; an inactive one is left so: a reset primary
+ * context stays reset until the program retains it). */
+static bool release_in_primary(struct async_state *st, const struct ctx_calls *c)
+{
+	CUdevice dev = (CUdevice)st->device;
+	CUcontext primary = NULL, popped = NULL;
+	unsigned int flags = 0;
+	int active = 0;
+	bool done = false;
+
+	if (!c->push || !c->pop || !c->primary_state || !c->primary_retain || !c->primary_release ||
+	    c->primary_state(dev, &flags, &active) != CUDA_SUCCESS || !active ||
+	    c->primary_retain(&primary, dev) != CUDA_SUCCESS)
+		return false;
+	if (c->push(primary) == CUDA_SUCCESS) {
+		done = release_here(st);
+		(void)c->pop(&popped);
+	}
+	(void)c->primary_release(dev);
+	return done;
+}
+
+/* Through a context of the backend's own, made current for the time and
+ * destroyed (which makes the one before it current again). */
+static bool release_in_own_context(struct async_state *st, const struct ctx_calls *c)
+{
+	CUcontext own = NULL;
+	CUresult res = CUDA_ERROR_NOT_FOUND;
+	bool done;
+
+	if (!c->destroy)
+		return false;
+	if (c->create)
+		res = c->create(&own, 0, (CUdevice)st->device);
+	else if (c->create_v4)
+		res = c->create_v4(&own, NULL, 0, (CUdevice)st->device);
+	if (res != CUDA_SUCCESS)
+		return false;
+	done = release_here(st);
+	(void)c->destroy(own);
+	return done;
+}
+
+/* fini after the context went (see the top): the pool and the segments
+ * left in it are released through a live context of the device: the
+ * current one, else the active primary context, else one made for it.
+ * Nothing is called once the driver stops answering. */
+static void release_after_context(struct async_state *st)
+{
+	struct ctx_calls c;
+	CUcontext cur = NULL;
+	CUdevice dev = -1;
+
+	ctx_calls_get(st->host, &c);
+	if (!c.get_current || c.get_current(&cur) != CUDA_SUCCESS)
+		return; /* the driver is gone */
+	if (cur && c.get_device && c.get_device(&dev) == CUDA_SUCCESS && dev == st->device && release_here(st))
+		return;
+	if (release_in_primary(st, &c) || release_in_own_context(st, &c))
+		return;
+	async_log(st->host, EMM_BACKEND_LOG_WARNING,
+	          "async backend: the pool of a destroyed context on device %d could not be released (%zu "
+	          "segments left): its memory stays with the device",
+	          st->device, st->nsegs);
+}
+
 static void async_fini(void *state, bool driver_alive)
 {
 	struct async_state *st = state;
-	CUresult res;
 
 	if (!st)
 		return;
 	if (driver_alive) {
 		/* The context goes: what libemm did not give back goes too,
 		 * as the context's memory would under the driver backend. */
-		for (size_t i = 0; i < st->nsegs; i++)
-			(void)st->free_async((CUdeviceptr)st->segs[i], NULL);
 		if (st->own_stream)
 			(void)st->stream_destroy(st->own_stream);
-		res = st->pool_destroy(st->pool);
-		if (res != CUDA_SUCCESS)
-			async_log(st->host, EMM_BACKEND_LOG_DEBUG,
-			          "async backend: cuMemPoolDestroy on device %d failed with CUresult %d", st->device,
-			          (int)res);
+		for (size_t i = 0; i < st->nsegs; i++)
+			(void)st->free_async((CUdeviceptr)st->segs[i], NULL);
+		st->nsegs = 0;
+		(void)release_here(st);
+	} else {
+		/* The context is gone, its own stream with it. */
+		release_after_context(st);
 	}
 	pthread_mutex_destroy(&st->lock);
 	free(st->segs);

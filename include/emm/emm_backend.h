@@ -98,9 +98,12 @@ struct emm_backend {
 
 	/*
 	 * void fini(void *state, bool driver_alive)
-	 * The context is going away. If driver_alive is false the driver is
-	 * gone or the context already destroyed: release host-side state only,
-	 * call nothing.
+	 * The context is going away. If driver_alive is false the context is
+	 * already destroyed (the driver freed its memory with it) or the
+	 * driver is gone: release host-side state, and call nothing that needs
+	 * that context. Driver objects that outlive a context (a device's
+	 * memory pool: the built-in async backend's) may be released through
+	 * another context while the driver still answers.
 	 */
 	void (*fini)(void *state, bool driver_alive);
 

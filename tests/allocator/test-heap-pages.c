@@ -6,7 +6,8 @@
  * mapping before hand-out and its failure (OOM retry), the release
  * threshold and emm_heap_release_idle counting mapped bytes, the fence rule
  * (a pending or ready-stream block is never unmapped), growing in place,
- * the create checks, and threads racing maps, unmaps and grows.
+ * the create checks, threads racing maps, unmaps and grows, and holding
+ * the mapped bytes at their high-water mark (EMM_HOLD_PEAK).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -398,10 +399,13 @@ static void *race_main(void *arg)
 	return NULL;
 }
 
-TEST_BEGIN(test_threads)
+/* Threads racing on two arenas; with the peak held too (its visits to the
+ * other arena, large requests all in arena 0). */
+static void race_threads(bool hold)
 {
 	struct emm_heap_params p = params1();
 	p.arenas = 2;
+	p.hold_peak = hold;
 	race_heap = setup(&p, 600 * MIB, true, true, false);
 	assert_ptr_not_null(race_heap);
 	pthread_t t[THREADS];
@@ -413,13 +417,94 @@ TEST_BEGIN(test_threads)
 	struct emm_stats st = heap_stats(race_heap);
 	expect_u64_eq(st.live_blocks, 0);
 	expect_u64_eq(st.reserved_bytes, pd.used);
-	expect_true(st.page_unmaps > 0);
+	if (!hold)
+		expect_true(st.page_unmaps > 0);
 	teardown(race_heap);
+}
+
+TEST_BEGIN(test_threads)
+{
+	race_threads(false);
+}
+TEST_END
+
+/* EMM_HOLD_PEAK: a growth that would pass the mapped high-water mark gives
+ * back idle pages first. 40 + 40 MiB, the first freed, then 60 MiB (too
+ * big for the hole): held, the hole's pages go back (100 MiB mapped);
+ * not held, the hole stays mapped (140 MiB). */
+TEST_BEGIN(test_hold_peak)
+{
+	for (int hold = 0; hold <= 1; hold++) {
+		struct emm_heap_params p = params1();
+		p.hold_peak = hold;
+		emm_heap_t *h = setup(&p, 512 * MIB, true, true, false);
+		assert_ptr_not_null(h);
+		emm_addr_t a = palloc(h, 40 * MIB, EMM_STREAM_SYNC);
+		emm_addr_t b = palloc(h, 40 * MIB, EMM_STREAM_SYNC);
+		expect_u64_eq(pd.used, 80 * MIB);
+		xfree(a, EMM_STREAM_SYNC);
+		emm_addr_t c = palloc(h, 60 * MIB, EMM_STREAM_SYNC);
+		expect_u64_eq(pd.used, hold ? 100 * MIB : 140 * MIB);
+		expect_u64_eq(pd.unmaps > 0, hold);
+		expect_u64_eq(heap_stats(h).reserved_bytes_peak, hold ? 100 * MIB : 140 * MIB);
+		/* The hole is mapped again when handed out, within the mark. */
+		a = palloc(h, 40 * MIB, EMM_STREAM_SYNC);
+		expect_u64_eq(pd.used, 140 * MIB);
+		CHECKH(h);
+		xfree(a, EMM_STREAM_SYNC);
+		xfree(b, EMM_STREAM_SYNC);
+		xfree(c, EMM_STREAM_SYNC);
+		teardown(h);
+	}
+}
+TEST_END
+
+/* With the peak held, every thread's large requests share arena 0: a
+ * block one thread freed serves another's request with no new memory
+ * (each thread's own arena would grow a segment of its own). */
+static emm_heap_t *shared_heap;
+
+static void *alloc_free_40(void *arg)
+{
+	emm_addr_t a = xalloc(shared_heap, 40 * MIB, EMM_STREAM_SYNC);
+
+	(void)arg;
+	xfree(a, EMM_STREAM_SYNC);
+	return NULL;
+}
+
+TEST_BEGIN(test_hold_peak_shares_large_arena)
+{
+	for (int hold = 0; hold <= 1; hold++) {
+		struct emm_heap_params p = params1();
+		p.arenas = 2;
+		p.hold_peak = hold;
+		shared_heap = setup(&p, 512 * MIB, true, true, false);
+		assert_ptr_not_null(shared_heap);
+		/* Two threads one after the other: two slots, two arenas. */
+		for (int i = 0; i < 2; i++) {
+			pthread_t t;
+			pthread_create(&t, NULL, alloc_free_40, NULL);
+			pthread_join(t, NULL);
+		}
+		expect_u64_eq(pd.allocs, hold ? 1 : 2);
+		expect_u64_eq(pd.used, hold ? 40 * MIB : 80 * MIB);
+		expect_u64_eq(pd.unmaps, 0);
+		CHECKH(shared_heap);
+		teardown(shared_heap);
+	}
+}
+TEST_END
+
+TEST_BEGIN(test_threads_hold_peak)
+{
+	race_threads(true);
 }
 TEST_END
 
 int main(void)
 {
 	return emm_test_run(test_fragmentation, test_release_and_remap, test_map_failure, test_threshold,
-	                    test_fence_rule, test_grow, test_create_checks, test_threads, NULL);
+	                    test_fence_rule, test_grow, test_create_checks, test_threads, test_hold_peak,
+	                    test_hold_peak_shares_large_arena, test_threads_hold_peak, NULL);
 }

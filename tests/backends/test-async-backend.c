@@ -3,7 +3,8 @@
  * tests/backends/test-async-backend.c - the async backend (a private
  * CUmemoryPool per context) over the fake driver: the pool it makes, its
  * segments and their reuse, mem_info, trim, the detour around a capturing
- * stream, fini with the driver alive and gone, and the failures.
+ * stream, fini with the driver alive, after the context went (the pool
+ * outlives it: fini releases it) and with the driver gone, and the failures.
  */
 #include <errno.h>
 
@@ -171,24 +172,123 @@ TEST_BEGIN(test_capture_detour)
 }
 TEST_END
 
+/* The calls fini may make after the context went. */
+static const char *const fini_calls[] = {"cuMemPoolDestroy", "cuMemFreeAsync", "cuStreamDestroy_v2",
+                                         "cuStreamSynchronize", "cuMemPoolTrimTo", "cuDevicePrimaryCtxRetain",
+                                         "cuCtxPushCurrent_v2"};
+#define NFINI (sizeof(fini_calls) / sizeof(fini_calls[0]))
+
 TEST_BEGIN(test_fini_driver_gone_calls_nothing)
 {
-	static const char *const names[] = {"cuMemPoolDestroy", "cuMemFreeAsync", "cuStreamDestroy_v2",
-	                                    "cuStreamSynchronize", "cuMemPoolTrimTo"};
-	uint64_t before[5];
+	uint64_t before[NFINI];
 	void *st = NULL;
 	uint64_t a = 0;
 
 	bh_reset(0);
 	assert_int_eq(be->init(&bh_host, 0, 0xabc, &st), 0);
 	assert_int_eq(be->segment_alloc(st, 2 * MIB, 0, &a), 0);
-	for (int i = 0; i < 5; i++)
-		before[i] = fakecuda_calls(names[i]);
+	for (size_t i = 0; i < NFINI; i++)
+		before[i] = fakecuda_calls(fini_calls[i]);
+	/* The driver no longer answers: only the probe is called. */
+	assert_int_eq(fakecuda_fail_next_call("cuCtxGetCurrent", CUDA_ERROR_DEINITIALIZED, 1), 0);
 	be->fini(st, false);
-	for (int i = 0; i < 5; i++)
-		expect_u64_eq(fakecuda_calls(names[i]), before[i]);
-	/* The pool outlives the forgotten state (the device keeps it). */
+	for (size_t i = 0; i < NFINI; i++)
+		expect_u64_eq(fakecuda_calls(fini_calls[i]), before[i]);
 	expect_u64_eq(fakecuda_mem_used(0), 2 * MIB);
+}
+TEST_END
+
+/* A context destroyed under its segments (cuCtxDestroy with another
+ * context of the device current): the driver leaves the pool, fini(false)
+ * frees the segments and destroys it through the current context, so the
+ * device has everything back and the old addresses are unknown to the
+ * driver, as the driver backend's would be. */
+TEST_BEGIN(test_fini_after_context_destroyed)
+{
+	void *st = NULL;
+	uint64_t a = 0, b = 0;
+	CUcontext primary = bh_reset(0), c2, cur = NULL;
+
+	assert_int_eq(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+	assert_int_eq(be->init(&bh_host, 0, 2, &st), 0);
+	assert_int_eq(be->segment_alloc(st, 2 * MIB, 0, &a), 0);
+	assert_int_eq(be->segment_alloc(st, 20 * MIB, 0, &b), 0);
+	assert_int_eq(be->segment_free(st, b, 20 * MIB, 0), 0); /* kept by the pool */
+	expect_u64_eq(fakecuda_mem_used(0), 22 * MIB);
+	assert_int_eq(cuCtxDestroy(c2), CUDA_SUCCESS);
+	assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+	expect_ptr_eq(cur, primary);
+	/* The pool outlived the context. */
+	expect_u64_eq(fakecuda_mem_used(0), 22 * MIB);
+	be->fini(st, false);
+	expect_u64_eq(fakecuda_calls("cuMemPoolDestroy"), 1);
+	expect_u64_eq(fakecuda_calls("cuDevicePrimaryCtxRetain"), 1); /* bh_reset's only */
+	expect_u64_eq(fakecuda_mem_used(0), 0);
+	expect_int_eq(cuMemFree((CUdeviceptr)a), CUDA_ERROR_INVALID_VALUE);
+	expect_int_eq(bh_complaints(), 0);
+}
+TEST_END
+
+/* The same with no live context current (the destroyed one was, or a
+ * reset primary context is): the device's primary context carries the
+ * frees, retained and pushed for the time, and is left as it was. */
+TEST_BEGIN(test_fini_after_context_destroyed_none_current)
+{
+	void *st = NULL;
+	uint64_t a = 0;
+	CUcontext cur = NULL;
+	unsigned flags = 0;
+	int active = 0;
+
+	bh_reset(0);
+	assert_int_eq(be->init(&bh_host, 0, 1, &st), 0);
+	assert_int_eq(be->segment_alloc(st, 4 * MIB, 0, &a), 0);
+	assert_int_eq(cuCtxSetCurrent(NULL), CUDA_SUCCESS);
+	be->fini(st, false);
+	expect_u64_eq(fakecuda_calls("cuCtxPushCurrent_v2"), 1);
+	expect_u64_eq(fakecuda_calls("cuMemPoolDestroy"), 1);
+	expect_u64_eq(fakecuda_mem_used(0), 0);
+	assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+	expect_ptr_null(cur);
+	/* Still retained once (bh_reset's) and active. */
+	expect_int_eq(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+	expect_int_eq(active, 1);
+	expect_int_eq(cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+	expect_int_eq(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+	expect_int_eq(active, 0);
+	expect_int_eq(bh_complaints(), 0);
+}
+TEST_END
+
+/* A reset primary context current (cudaDeviceReset before the runtime's
+ * next call): the primary context is not brought back; a context of the
+ * backend's own carries the frees and goes. */
+TEST_BEGIN(test_fini_after_primary_reset)
+{
+	for (int v4 = 0; v4 <= 1; v4++) {
+		void *st = NULL;
+		uint64_t a = 0;
+		CUcontext primary = bh_reset(0), cur = NULL;
+		unsigned flags = 0;
+		int active = 1;
+
+		/* A driver without cuCtxCreate_v2: cuCtxCreate_v4. */
+		bh_hidden = v4 ? "cuCtxCreate_v2" : NULL;
+		assert_int_eq(be->init(&bh_host, 0, 1, &st), 0);
+		assert_int_eq(be->segment_alloc(st, 6 * MIB, 0, &a), 0);
+		assert_int_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+		expect_u64_eq(fakecuda_mem_used(0), 6 * MIB); /* the pool outlived it */
+		be->fini(st, false);
+		expect_u64_eq(fakecuda_calls(v4 ? "cuCtxCreate_v4" : "cuCtxCreate_v2"), 1);
+		expect_u64_eq(fakecuda_calls("cuMemPoolDestroy"), 1);
+		expect_u64_eq(fakecuda_mem_used(0), 0);
+		expect_int_eq(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);
+		expect_int_eq(active, 0);
+		assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+		expect_ptr_eq(cur, primary);
+		expect_int_eq(cuMemFree((CUdeviceptr)a), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+		expect_int_eq(bh_complaints(), 0);
+	}
 }
 TEST_END
 
@@ -277,5 +377,7 @@ int main(void)
 	if (emm_backend_builtin_async(&version, &be) != 0 || version != EMM_BACKEND_INTERFACE_VERSION)
 		return 1;
 	return emm_test_run(test_table, test_pool_segments_reuse, test_pool_per_context, test_capture_detour,
-	                    test_fini_driver_gone_calls_nothing, test_failures, test_init_failures, NULL);
+	                    test_fini_driver_gone_calls_nothing, test_fini_after_context_destroyed,
+	                    test_fini_after_context_destroyed_none_current, test_fini_after_primary_reset,
+	                    test_failures, test_init_failures, NULL);
 }

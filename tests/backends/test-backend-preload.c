@@ -5,7 +5,9 @@
  * meson test): allocations of many sizes, synchronous and stream-ordered,
  * keep their data; libemm's pool serves them all (emm_stats_get, found with
  * dlsym); the segments come from the backend's driver calls and nothing
- * else; emm_release_idle gives them back through the backend.
+ * else; emm_release_idle gives them back through the backend; a context
+ * destroyed or reset under live blocks gives its memory back and leaves
+ * the driver's answers to later frees.
  *
  *   test-backend-preload async              EMM_BACKEND=async
  *   test-backend-preload managed            EMM_BACKEND=managed
@@ -212,6 +214,56 @@ TEST_BEGIN(test_example_counts)
 }
 TEST_END
 
+/* Contexts that go under live blocks: destroyed (cuCtxDestroy), and the
+ * primary context reset behind libemm's back (what cudaDeviceReset does),
+ * before and after the runtime retains it again. A later free of an old
+ * block gets the driver's own answer and the device has the memory back,
+ * as with the driver backend (the async backend's pool outlives the
+ * context: it is released with it). */
+TEST_BEGIN(test_context_gone)
+{
+	static const size_t sizes[3] = {4096, 1 << 20, 8 << 20};
+	CUdeviceptr d[3], x;
+	CUcontext primary = NULL, c2, cur = NULL;
+	size_t used0;
+
+	assert_int_eq(cuCtxGetCurrent(&primary), CUDA_SUCCESS);
+	used0 = fakecuda_mem_used(0);
+	assert_int_eq(cuCtxCreate(&c2, NULL, 0, 0), CUDA_SUCCESS);
+	for (int i = 0; i < 3; i++)
+		assert_int_eq(cuMemAlloc(&d[i], sizes[i]), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(d[1]), CUDA_SUCCESS); /* cached */
+	if (strcmp(kind, "managed") != 0) /* the fake counts device memory only */
+		expect_true(fakecuda_mem_used(0) > used0);
+	assert_int_eq(cuCtxDestroy(c2), CUDA_SUCCESS);
+	assert_int_eq(cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+	expect_ptr_eq(cur, primary);
+	expect_int_eq(cuMemFree(d[0]), CUDA_ERROR_INVALID_VALUE);
+	expect_int_eq(cuMemFree(d[2]), CUDA_ERROR_INVALID_VALUE);
+	expect_u64_eq(fakecuda_mem_used(0), used0);
+
+	for (int retain = 1; retain >= 0; retain--) {
+		assert_int_eq(cuMemAlloc(&d[0], sizes[1]), CUDA_SUCCESS);
+		assert_int_eq(cuMemAlloc(&d[1], sizes[2]), CUDA_SUCCESS);
+		assert_int_eq(cuMemFree(d[1]), CUDA_SUCCESS); /* cached */
+		assert_int_eq(fakecuda_device_reset(0, retain), 0);
+		if (!retain) {
+			/* The reset context is current until the runtime retains
+			 * it: the driver's answer, and it stays reset. */
+			expect_int_eq(cuMemFree(d[0]), CUDA_ERROR_CONTEXT_IS_DESTROYED);
+			assert_int_eq(cuDevicePrimaryCtxRetain(&cur, 0), CUDA_SUCCESS);
+			expect_ptr_eq(cur, primary);
+		}
+		expect_int_eq(cuMemFree(d[0]), CUDA_ERROR_INVALID_VALUE);
+		expect_u64_eq(fakecuda_mem_used(0), 0);
+		/* The new context is served. */
+		assert_int_eq(cuMemAlloc(&x, 4096), CUDA_SUCCESS);
+		expect_int_eq(cuMemsetD8(x, 1, 4096), CUDA_SUCCESS);
+		assert_int_eq(cuMemFree(x), CUDA_SUCCESS);
+	}
+}
+TEST_END
+
 int main(int argc, char **argv)
 {
 	CUdevice dev;
@@ -230,7 +282,7 @@ int main(int argc, char **argv)
 	}
 	if (strcmp(kind, "example") == 0)
 		return emm_test_run(test_served_with_data, test_memory_kind, test_release_idle, test_pinned_cached,
-		                    test_example_counts, NULL);
+		                    test_example_counts, test_context_gone, NULL);
 	return emm_test_run(test_served_with_data, test_memory_kind, test_release_idle, test_pinned_cached,
-	                    test_ipc_refused, NULL);
+	                    test_ipc_refused, test_context_gone, NULL);
 }

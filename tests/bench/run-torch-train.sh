@@ -10,7 +10,8 @@
 #
 # Variants: PyTorch's caching allocator; its expandable segments; caching off
 # (PYTORCH_NO_CUDA_MEMORY_CACHING=1) under libemm with each backend named in
-# BACKENDS (default "driver"; e.g. "driver vmm"); and, with "door" in
+# BACKENDS (default "driver"; e.g. "driver vmm"; a backend may carry settings
+# of its own after '+': "vmm vmm+EMM_HOLD_PEAK=off"); and, with "door" in
 # TORCH_TRAIN_VARIANTS, libemm as PyTorch's allocator through the Python
 # package without the preload (emm.torch.use(), stream-ordered). The variants
 # run, in each round, in the order TORCH_TRAIN_VARIANTS names them (default
@@ -51,7 +52,10 @@ for r in $(seq 1 "$rounds"); do
 		expandable) run torch-expandable PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True ;;
 		door) run emm-door TORCH_TRAIN_DOOR=1 PYTHONPATH="$pkg" LIBEMM_PATH="$lib" ;;
 		emm) for b in $backends; do
-			run "emm-$b" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$lib" EMM_BACKEND="$b"
+			# "vmm+EMM_HOLD_PEAK=off": the backend, then settings of its own
+			extra=()
+			[ "${b%%+*}" = "$b" ] || IFS=+ read -r -a extra <<<"${b#*+}"
+			run "emm-$b" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$lib" EMM_BACKEND="${b%%+*}" "${extra[@]}"
 		done ;;
 		*) echo "unknown variant '$v' (caching, expandable, door, emm)" >&2; exit 2 ;;
 		esac

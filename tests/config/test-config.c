@@ -95,7 +95,7 @@ static bool options_equal(const struct emm_options *a, const struct emm_options 
 	       a->small_segment == b->small_segment && a->large_segment == b->large_segment &&
 	       a->large_round == b->large_round && a->max_split == b->max_split &&
 	       a->roundup_divisions == b->roundup_divisions && a->release_threshold == b->release_threshold &&
-	       a->oom_retry == b->oom_retry && a->free_mode == b->free_mode && a->epoch_blocks == b->epoch_blocks &&
+	       a->oom_retry == b->oom_retry && a->hold_peak == b->hold_peak && a->free_mode == b->free_mode && a->epoch_blocks == b->epoch_blocks &&
 	       a->epoch_bytes == b->epoch_bytes && a->pending_limit == b->pending_limit && a->meminfo_cached == b->meminfo_cached &&
 	       a->pinned == b->pinned && a->runtime_shims == b->runtime_shims && a->arenas == b->arenas &&
 	       a->teardown_wait == b->teardown_wait && a->vmm == b->vmm &&
@@ -122,6 +122,7 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_int_eq(o->roundup_divisions, 0);
 	expect_u64_eq(o->release_threshold, SIZE_MAX);
 	expect_true(o->oom_retry);
+	expect_true(o->hold_peak);
 	expect_int_eq(o->free_mode, EMM_OPT_FREE_FENCE);
 	expect_int_eq(o->epoch_blocks, 32);
 	expect_int_eq(o->arenas, 0);
@@ -180,6 +181,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_ROUNDUP_DIVISIONS=8",
 		"EMM_RELEASE_THRESHOLD=0",
 		"EMM_OOM_RETRY=off",
+		"EMM_HOLD_PEAK=off",
 		"EMM_FREE_MODE=Stream",
 		"EMM_EPOCH_BLOCKS=65536",
 		"EMM_EPOCH_BYTES=1T",
@@ -220,6 +222,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_int_eq(p.o.roundup_divisions, 8);
 	expect_u64_eq(p.o.release_threshold, 0);
 	expect_false(p.o.oom_retry);
+	expect_false(p.o.hold_peak);
 	expect_int_eq(p.o.teardown_wait, 250);
 	expect_int_eq(p.o.vmm_reap_ms, 250);
 	expect_int_eq(p.o.poison, 165);
@@ -246,7 +249,7 @@ TEST_BEGIN(test_option_names)
 	static const char *const names[EMM_OPT__COUNT] = {
 		"DISABLE",	 "VERBOSE",	"STATS",	  "STATS_SIGNAL", "SNAPSHOT", "LOG", "BACKEND",
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
-		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "FREE_MODE",
+		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "HOLD_PEAK", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "PENDING_LIMIT", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
 		"ARENAS",	 "THREAD_CACHE", "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "IPC_DIR", "POISON",
 	};

@@ -13,6 +13,13 @@
  *      write and check every live block, old and new;
  *   4. free everything.
  *
+ * Before them, with nothing mapped yet (so the high-water mark is this
+ * phase's): EMM_HOLD_PEAK (on unless the environment turns it off): 64 +
+ * 64 MiB, the first freed and its fence passed, then 96 MiB, too big for
+ * the hole: the hole's pages go back before the segment grows, so the
+ * peak of mapped bytes stays under 200 MiB (not held: 224 MiB and up); the
+ * live blocks keep their data.
+ *
  * Prints "vmm-remap: ... PASS" or "... FAIL" with the counters; exits 1 on
  * any mismatch or if libemm is absent or not using the vmm backend (the
  * counters stay 0). Takes a second or two.
@@ -21,6 +28,7 @@
 #include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "emm/emm.h"
@@ -107,6 +115,29 @@ int main(void)
 	struct blk b[NBLK * 2];
 	memset(b, 0, sizeof(b));
 	bool ok = cudaMalloc((void **)&bad, sizeof(*bad)) == cudaSuccess;
+
+	/* 0. The peak held (see the top). */
+	const char *hold_env = getenv("EMM_HOLD_PEAK");
+	bool hold = !hold_env || !(strcmp(hold_env, "off") == 0 || strcmp(hold_env, "0") == 0);
+	struct blk h[3];
+	memset(h, 0, sizeof(h));
+	ok = ok && alloc_fill(&h[0], 64 * MIB, 11u) && alloc_fill(&h[1], 64 * MIB, 12u);
+	cudaFree(h[0].p);
+	h[0].p = NULL;
+	/* Its epoch closed, its fence passed (nothing released: keep is huge). */
+	(void)rel(0, (size_t)1 << 60);
+	cudaDeviceSynchronize();
+	(void)rel(0, (size_t)1 << 60);
+	ok = ok && alloc_fill(&h[2], 96 * MIB, 13u) && verify(h, 3, "after the held growth");
+	struct emm_stats sh = stats(get);
+	printf("vmm-remap: held peak %s: peak mapped %.1f MiB (64 + 64 MiB, one freed, then 96 MiB)\n",
+	       hold ? "on" : "off", sh.reserved_bytes_peak / (double)MIB);
+	if (hold && sh.reserved_bytes_peak >= 200 * MIB) {
+		printf("vmm-remap: FAIL: the freed block's pages were not given back before the growth\n");
+		ok = false;
+	}
+	cudaFree(h[1].p);
+	cudaFree(h[2].p);
 
 	for (int i = 0; ok && i < NBLK; i++)
 		ok = alloc_fill(&b[i], sizes[i % 6], 1000u + i);

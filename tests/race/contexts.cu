@@ -5,7 +5,9 @@
  * runtime for the primary context).
  *
  *  1. Two contexts on one device (cuCtxCreate x2), blocks in both. Destroy
- *     the first with live blocks. A later cuMemFree of one of its pointers
+ *     the first with live blocks (one of them a quarter of the free memory:
+ *     that much must come back to cuMemGetInfo, under the async backend
+ *     too, whose pool outlives the context). A later cuMemFree of one of its pointers
  *     returns the driver's own error (with the second context current, and
  *     with no context current). The second context's blocks keep their data
  *     and still work (free, reallocate, copy). Destroy it with live blocks.
@@ -23,6 +25,8 @@
  */
 #include <cuda.h>
 
+#include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "race_util.h"
@@ -121,8 +125,23 @@ int main(int argc, char **argv)
 	if (active)
 		race_check(race_stats_delta(st0, st1).allocs >= 7, "the contexts' allocations did not go through the pool");
 
-	/* Destroy context 1 with its three blocks live. */
+	/* A big live block in context 1 (a quarter of the free memory, at
+	 * most 16 GiB): its memory must go back to the device with the
+	 * context, whatever holds it (the async backend's pool outlives the
+	 * context and is released with it). */
+	size_t mfree = 0, mtotal = 0;
+	CKD(cuCtxSetCurrent(c1));
+	CKD(cuMemGetInfo(&mfree, &mtotal));
+	size_t big = std::min(mfree / 4, (size_t)16 << 30) & ~(((size_t)2 << 20) - 1);
+	CUdeviceptr abig;
+	CKD(cuMemAlloc(&abig, big));
+	CKD(cuMemsetD8(abig, 0x5a, big));
+	CKD(cuCtxSynchronize());
+
+	/* Destroy context 1 with its blocks live. */
 	CKD(cuCtxSetCurrent(c2));
+	size_t free_before = 0, free_after = 0;
+	CKD(cuMemGetInfo(&free_before, &mtotal));
 	CUresult r = cuCtxDestroy(c1);
 	print_rc("cuCtxDestroy(context with live blocks)", r, true);
 	race_check(r == CUDA_SUCCESS, "cuCtxDestroy with live blocks failed");
@@ -130,6 +149,17 @@ int main(int argc, char **argv)
 	CKD(cuCtxGetCurrent(&cur));
 	if (cur != c2)
 		CKD(cuCtxSetCurrent(c2));
+	CKD(cuMemGetInfo(&free_after, &mtotal));
+	printf("contexts: %.1f MiB block in the destroyed context; free memory %.1f -> %.1f MiB\n",
+	       big / 1048576.0, free_before / 1048576.0, free_after / 1048576.0);
+	const char *backend = getenv("EMM_BACKEND");
+	if (active && backend && strcmp(backend, "vmm") == 0)
+		printf("contexts: memory check skipped under EMM_BACKEND=vmm (what cuCtxDestroy does to "
+		       "cuMemCreate allocations is not established)\n");
+	else
+		race_check(free_after >= free_before && free_after - free_before + ((size_t)64 << 20) >= big,
+		           "destroying the context gave back %.1f MiB, less than its %.1f MiB block",
+		           ((double)free_after - (double)free_before) / 1048576.0, big / 1048576.0);
 
 	r = cuMemFree(a[0]);
 	print_rc("cuMemFree(destroyed context's block, other context current)", r, true);

@@ -9,6 +9,8 @@
  * teardown). With one argument, a mode another test (or a meson test with
  * its own environment) runs in a fresh process:
  *   codes        print "name code ..." for a fixed sequence of calls
+ *   compare      only the codes test, under the settings it inherits (the
+ *                meson test shims-codes-async: EMM_BACKEND=async)
  *   passthrough  libemm must pass everything through (EMM_DISABLE=1)
  *   badbackend   EMM_BACKEND names no backend: a clear error, then as above
  *   strict       EMM_FREE_MODE=strict: frees wait like the driver's
@@ -910,6 +912,8 @@ int main(int argc, char **argv)
 	if (argc > 1) {
 		if (!strcmp(argv[1], "codes"))
 			return mode_codes();
+		if (!strcmp(argv[1], "compare"))
+			return emm_test_run(test_error_codes_match_driver, NULL);
 		if (!strcmp(argv[1], "passthrough"))
 			return mode_passthrough();
 		if (!strcmp(argv[1], "badbackend"))

@@ -4,7 +4,7 @@
 # as a user meets it: the report on both bundled traces, a failure's
 # description and exit status, --min-capacity's answer checked by replaying
 # at it and one step below, --compare's table, --timeline, --snapshot, bad
-# input.
+# input, the simulated vmm backend.
 # Ends with "N passed, N failed, N skipped".
 R=$1
 D=$2
@@ -127,6 +127,20 @@ if run 0 --min-capacity "$D/cupy-pool-off.csv" && has '^minimum capacity'; then
 		ok "--min-capacity on a GPU trace: replays at $cap B, fails one 2 MiB step below"
 	else bad "--min-capacity on cupy-pool-off.csv ($cap)"; fi
 else bad "--min-capacity on cupy-pool-off.csv"; fi
+
+# EMM_BACKEND=vmm replays on a simulated page-granular device: pages are
+# grown, given back and mapped again (the "pages" line), and holding the
+# mapped bytes at their high-water mark (EMM_HOLD_PEAK, on by default)
+# keeps the training trace's peak below what it is without (6568280064 B
+# off, 5995757568 B on when written) and below the driver backend's.
+peak_of() { sed -n 's/^peak reserved .*(\([0-9]*\) B).*/\1/p' "$tmp/out"; }
+if EMM_BACKEND=vmm EMM_HOLD_PEAK=off run 0 "$D/pytorch-train.csv" && has '^pages .* grows' && off=$(peak_of) &&
+	EMM_BACKEND=vmm run 0 "$D/pytorch-train.csv" && has '^pages .* unmaps' && on=$(peak_of) &&
+	run 0 "$D/pytorch-train.csv" && drv=$(peak_of) &&
+	[ -n "$on" ] && [ -n "$off" ] && [ "$on" -lt "$off" ] && [ "$off" -lt "$drv" ] &&
+	[ "$on" -lt 6100000000 ]; then
+	ok "EMM_BACKEND=vmm: simulated pages, peak $on B held (off: $off B, driver: $drv B)"
+else bad "EMM_BACKEND=vmm replay (held $on, off $off, driver $drv)"; fi
 
 # The bundled synthetic trace is what its generator writes.
 if python3 "$D/gen-synthetic-trace.py" -o "$tmp/synthetic.csv" && cmp -s "$tmp/synthetic.csv" "$D/synthetic-train.csv"; then
