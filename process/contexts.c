@@ -6,20 +6,49 @@
  * segments.c), noticing a reset that bypassed our shims, and dropping a
  * context's heaps when it goes.
  *
- * Finding the heap of the calling thread costs one real driver call and a
- * thread-local compare: each thread caches (context id, entry, generation),
- * and any context teardown bumps the generation so every cache misses once.
- * The key is the context's unique id (cuCtxGetId of the current context):
- * a primary context keeps its handle across a reset, and cudart's
- * cudaDeviceReset resets it without calling any shim of ours, so the handle
- * alone would keep serving the old context's heap, whose segments the
- * driver has freed. An entry whose context handle now carries another id is
- * stale: its heaps are dropped without driver calls (later frees of its
- * blocks go to the driver and get its error) and a new entry is built.
- * Frees check the same (emm_state_validate_current) before the pool takes
- * the block. Without cuCtxGetId (drivers before 12.0) the handle is the key.
+ * Finding the heap of the calling thread: each thread caches (key, entry,
+ * generation); any context teardown bumps the generation so every cache
+ * misses once, and a change of the thread's own current context through a
+ * shim of ours (cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent,
+ * cuCtxCreate, shared cudart's cudaSetDevice, cudaDeviceReset: interpose/
+ * shims_ctx.c, shims_runtime.c) empties that thread's cache
+ * (emm_state_current_changed). A miss asks the driver. The key is the
+ * context's unique id (cuCtxGetId of the current context): a primary
+ * context keeps its handle across a reset, and cudart's cudaDeviceReset
+ * resets it without calling any shim of ours, so the handle alone would
+ * keep serving the old context's heap, whose segments the driver has
+ * freed. An entry whose context handle now carries another id is stale:
+ * its heaps are dropped without driver calls (later frees of its blocks go
+ * to the driver and get its error) and a new entry is built. Frees check
+ * the same (emm_state_validate_current) before the pool takes the block.
+ * Without cuCtxGetId (drivers before 12.0) the handle is the key.
+ *
+ * When may a hit skip the driver (EMM_CONTEXT_CHECK=off)? Only if every
+ * change of a thread's current context, and every reset or destruction of
+ * a context, passes a shim of ours. For the driver API it does: the calls
+ * that change the current context are all shimmed (above; cuCtxDestroy,
+ * cuDevicePrimaryCtxReset/Release/Retain in shims_stream.c), whether the
+ * program links them, dlsyms them or gets them from cuGetProcAddress (the
+ * resolvers substitute every shimmed export, cudart's own lookups
+ * included). It does not for a static cudart: cudaDeviceReset is verified
+ * (tests/shims/probe_ctxid.c, H200) to reset the primary context through
+ * no exported entry point, and whether cudart's cudaSetDevice and its
+ * re-retain after a reset use its cuGetProcAddress table (shimmed) or the
+ * driver's private export table (not) is not verified. A hit served from
+ * a reset context's heap would hand out memory the driver has freed, and
+ * one after an unseen cudaSetDevice memory of another device: no cheap
+ * host-side check can tell (the current context lives in the driver's
+ * thread state). So the check stays on by default (one cuCtxGetId per
+ * lookup, as before); EMM_CONTEXT_CHECK=off makes a hit driver-call free
+ * for programs that change contexts only through the driver API or shared
+ * cudart (tests/shims/test_shims_ctx_cache.c counts the calls), and the
+ * GPU run of tests/race/contexts.cu and the multi-device tests with it off
+ * tells whether a static cudart is covered too.
+ *
  * Entries are never freed (a torn-down one is unlinked), so a stale cache
- * never points at freed memory.
+ * never points at freed memory. A thread's cache dies with it (plain TLS,
+ * nothing to flush); a fork child starts with a new generation and an
+ * empty registry (st_contexts_fork_child).
  *
  * A heap is destroyed only when its context goes, under the heap guard
  * (guard.c), and never after exit has begun (state.c).
@@ -274,6 +303,18 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 
 	if (!st_is_enabled() || st_is_exiting() || st_tls_in_backend)
 		return -ENOSYS;
+	if (!st_opts->context_check) {
+		/* Every change of the current context is seen (top of file):
+		 * the cache stands until a shim or a teardown empties it. */
+		gen = atomic_load_explicit(&st_ctx_generation, memory_order_acquire);
+		e = st_tls_ctx.entry;
+		if (EMM_LIKELY(e && st_tls_ctx.generation == gen)) {
+			if (e->failed)
+				return -ENOSYS;
+			*ret = e;
+			return 0;
+		}
+	}
 	rc = current_context_key(&key, &id);
 	if (EMM_UNLIKELY(rc < 0)) {
 		/* cudaDeviceReset leaves the reset primary context current
@@ -326,6 +367,24 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 		return -ENOSYS;
 	*ret = e;
 	return 0;
+}
+
+void emm_state_current_changed(bool every_thread)
+{
+	st_tls_ctx.entry = NULL;
+	if (every_thread)
+		atomic_fetch_add(&st_ctx_generation, 1);
+}
+
+bool emm_state_context_current(void)
+{
+	const struct emm_real_driver_table *real;
+	CUcontext ctx = NULL;
+
+	if (st_tls_trusted_ctx())
+		return true;
+	real = st_real_table();
+	return real->cuCtxGetCurrent && real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
 }
 
 void emm_state_validate_current(void)
@@ -533,12 +592,16 @@ void emm_state_context_destroyed(CUcontext ctx)
 {
 	while (drop_one(match_ctx, ctx))
 		;
+	/* It may have been current here or elsewhere without an entry of
+	 * ours (a failed one, or none yet): every cache asks again. */
+	emm_state_current_changed(true);
 }
 
 void emm_state_primary_reset(CUdevice dev)
 {
 	while (drop_one(match_primary, &dev))
 		;
+	emm_state_current_changed(true);
 }
 
 CUcontext emm_state_primary_resetting(CUdevice dev)

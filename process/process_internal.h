@@ -223,6 +223,16 @@ struct st_tls_ctx {
 };
 extern EMM_TLS_IE struct st_tls_ctx st_tls_ctx;
 
+/* The thread's current context as its cache knows it, when the cache may
+ * be trusted (EMM_CONTEXT_CHECK off, not stale); NULL otherwise. */
+static inline CUcontext st_tls_trusted_ctx(void)
+{
+	if (!st_opts->context_check && st_tls_ctx.entry &&
+	    st_tls_ctx.generation == atomic_load_explicit(&st_ctx_generation, memory_order_acquire))
+		return st_tls_ctx.entry->ctx;
+	return NULL;
+}
+
 /* The device of the thread's cached context; -1 if the cache is stale. */
 static inline int st_tls_device(void)
 {
