@@ -365,6 +365,9 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 	}
 	if (e->failed)
 		return -ENOSYS;
+	/* The driver just named it: good for the rest of this guarded call
+	 * (outside one, nothing would clear it). */
+	st_tls_ctx.verified = st_tls_guard_depth > 0;
 	*ret = e;
 	return 0;
 }
