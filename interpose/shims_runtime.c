@@ -61,15 +61,22 @@ cudaError_t cudaThreadExit(void);
  * unloaded under a program that calls it), so a delegated call pays one
  * load, not emm_real_runtime's hash and string compare (95 instructions a
  * call: tests/bench/RESULTS.md section 16). Not found is asked again. */
+static inline void *next_runtime(_Atomic(void *) *found, const char *name)
+{
+	void *fn = atomic_load_explicit(found, memory_order_acquire);
+
+	if (EMM_UNLIKELY(!fn)) {
+		fn = emm_real_runtime(name);
+		if (fn)
+			atomic_store_explicit(found, fn, memory_order_release);
+	}
+	return fn;
+}
+
 #define DELEGATE(type, name, ...)                                                                            \
 	do {                                                                                                 \
 		static _Atomic(void *) found_;                                                               \
-		void *fn_ = atomic_load_explicit(&found_, memory_order_acquire);                             \
-		if (EMM_UNLIKELY(!fn_)) {                                                                    \
-			fn_ = emm_real_runtime(name);                                                        \
-			if (fn_)                                                                             \
-				atomic_store_explicit(&found_, fn_, memory_order_release);                   \
-		}                                                                                            \
+		void *fn_ = next_runtime(&found_, name);                                                     \
 		return fn_ ? ((type)fn_)(__VA_ARGS__) : RUNTIME_MISSING;                                     \
 	} while (0)
 
@@ -285,14 +292,9 @@ typedef cudaError_t (*init_device_fn)(int, unsigned int, unsigned int);
 #define DELEGATE_THEN_FORGET(every_thread, type, name, ...)                                                  \
 	do {                                                                                                 \
 		static _Atomic(void *) found_;                                                               \
-		void *fn_ = atomic_load_explicit(&found_, memory_order_acquire);                             \
+		void *fn_ = next_runtime(&found_, name);                                                     \
 		cudaError_t e_;                                                                              \
                                                                                                              \
-		if (EMM_UNLIKELY(!fn_)) {                                                                    \
-			fn_ = emm_real_runtime(name);                                                        \
-			if (fn_)                                                                             \
-				atomic_store_explicit(&found_, fn_, memory_order_release);                   \
-		}                                                                                            \
 		if (!fn_)                                                                                    \
 			return RUNTIME_MISSING;                                                              \
 		e_ = ((type)fn_)(__VA_ARGS__);                                                               \

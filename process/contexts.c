@@ -30,7 +30,9 @@
  * cuDevicePrimaryCtxReset/Release/Retain in shims_stream.c), whether the
  * program links them, dlsyms them or gets them from cuGetProcAddress (the
  * resolvers substitute every shimmed export, cudart's own lookups
- * included). It does not for a static cudart: cudaDeviceReset is verified
+ * included) - except green contexts (cuGreenCtxDestroy is not shimmed)
+ * and the deprecated cuCtxAttach/cuCtxDetach. It does not for a static
+ * cudart: cudaDeviceReset is verified
  * (tests/shims/probe_ctxid.c, H200) to reset the primary context through
  * no exported entry point, and whether cudart's cudaSetDevice and its
  * re-retain after a reset use its cuGetProcAddress table (shimmed) or the
@@ -42,8 +44,13 @@
  * lookup, as before); EMM_CONTEXT_CHECK=off makes a hit driver-call free
  * for programs that change contexts only through the driver API or shared
  * cudart (tests/shims/test_shims_ctx_cache.c counts the calls), and the
- * GPU run of tests/race/contexts.cu and the multi-device tests with it off
- * tells whether a static cudart is covered too.
+ * GPU runs with it off (tests/gpu/ctx_cache.cu, built with static and
+ * shared cudart; race-contexts-ctx-trust, race-multidevice-ctx-trust) tell
+ * whether a static cudart is covered too. libemm's own pushes and pops
+ * (segments.c, api.c, fence_cuda.c) empty the cache like the shims do.
+ * Either way, once the driver has named the context in a guarded call
+ * (st_tls_ctx.verified), the rest of that call trusts the cache: an epoch
+ * closed by the free records its events without asking cuCtxGetCurrent.
  *
  * Entries are never freed (a torn-down one is unlinked), so a stale cache
  * never points at freed memory. A thread's cache dies with it (plain TLS,
