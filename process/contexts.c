@@ -3,8 +3,8 @@
  * process/contexts.c - one heap per CUDA context: the registry of
  * context entries, the thread cache that finds the calling thread's entry,
  * building an entry (backend, device heap; its segments come through
- * segments.c), noticing a reset that bypassed our shims, and dropping a
- * context's heaps when it goes.
+ * segments.c) and noticing a reset that bypassed our shims. Dropping a
+ * context's heaps when it goes is contexts_drop.c's.
  *
  * Finding the heap of the calling thread: each thread caches (key, entry,
  * generation); any context teardown bumps the generation so every cache
@@ -252,8 +252,6 @@ publish:
 	return pa.winner;
 }
 
-static bool drop_entry(struct ctx_entry *stale);
-
 /* An entry of an earlier context with the handle `ctx` is in the registry. */
 static bool entry_stale_present(CUcontext ctx, unsigned long long id)
 {
@@ -353,7 +351,7 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 				/* Same handle, another context: reset behind our back. */
 				emm_debug("context %p was reset (id %llu, now %llu): dropping its heaps",
 				          (void *)ctx, found_id, id);
-				if (!drop_entry(e) && st_is_exiting())
+				if (!st_drop_entry(e) && st_is_exiting())
 					return -ENOSYS;
 				continue;
 			}
@@ -449,6 +447,20 @@ size_t emm_state_pitch_alignment(void)
 	return align;
 }
 
+struct ctx_entry *st_ctx_find_locked(st_ctx_match_fn match, const void *arg, bool unlink)
+{
+	for (size_t i = 0; i < ctx_count; i++) {
+		struct ctx_entry *e = ctx_list[i];
+
+		if (!match(e, arg))
+			continue;
+		if (unlink)
+			ctx_list[i] = ctx_list[--ctx_count];
+		return e;
+	}
+	return NULL;
+}
+
 /* --- the heaps of the registry ----------------------------------------- */
 
 struct heap_ref *st_snapshot_locked(size_t *ret_count)
@@ -488,165 +500,6 @@ size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out)
 		}
 	}
 	return n;
-}
-
-/* --- context teardown -------------------------------------------------- */
-
-/* Unlink one entry matching `match`, destroy its heaps without driver calls
- * and forget its streams, events, captures and graphs. Returns false when
- * none matched. After exit has begun nothing is torn down (other threads
- * may still be using the heaps; the process is about to end anyway). */
-static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), const void *arg)
-{
-	struct ctx_entry *e = NULL;
-	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
-	size_t n = 0;
-	bool any = false, all_out;
-
-	if (st_is_exiting())
-		return false;
-	st_lock(&st_ctx_lock);
-	for (size_t i = 0; i < ctx_count && !any; i++)
-		any = match(ctx_list[i], arg);
-	st_unlock(&st_ctx_lock);
-	if (!any)
-		return false;
-
-	st_guard_step_out();
-	pthread_rwlock_wrlock(&st_heap_life_lock);
-	/* No other thread inside a heap from here to st_guard_end - unless one
-	 * stayed inside past EMM_TEARDOWN_WAIT: its heaps are then unlinked but
-	 * left alive for it (leaked; the driver frees the context's memory). */
-	all_out = st_guard_begin(st_opts->teardown_wait);
-	st_lock(&st_ctx_lock);
-	for (size_t i = 0; i < ctx_count; i++) {
-		if (match(ctx_list[i], arg)) {
-			e = ctx_list[i];
-			ctx_list[i] = ctx_list[--ctx_count];
-			break;
-		}
-	}
-	if (e) {
-		atomic_fetch_add(&st_ctx_generation, 1);
-		if (e->heap)
-			heaps[n++] = e->heap;
-		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
-			emm_heap_t *p = atomic_exchange(&e->pinned[f], NULL);
-			if (p)
-				heaps[n++] = p;
-		}
-		e->heap = NULL;
-		e->failed = true;
-	}
-	st_unlock(&st_ctx_lock);
-	if (!e) {
-		st_guard_end();
-		pthread_rwlock_unlock(&st_heap_life_lock);
-		st_guard_step_in();
-		return false;
-	}
-
-	emm_debug("dropping the heaps of context %p (device %d)", (void *)e->ctx, e->device);
-	emm_fence_pool_drop(e->ctx);
-	if (!all_out)
-		emm_warn("context %p: a thread is still inside libemm after %u ms (EMM_TEARDOWN_WAIT); its %zu "
-		         "heap(s) are left to it, not freed",
-		         (void *)e->ctx, st_opts->teardown_wait, n);
-	for (size_t i = 0; i < n; i++) {
-		st_stats_retire(heaps[i]);
-		if (all_out)
-			emm_heap_destroy(heaps[i], false);
-	}
-	st_guard_end();
-	pthread_rwlock_unlock(&st_heap_life_lock);
-	st_guard_step_in();
-	/* The backend state goes too - unless a thread inside may still be
-	 * calling the backend with it. */
-	if (all_out) {
-		if (e->backend_state && st_backend.table->fini)
-			st_backend.table->fini(e->backend_state, false);
-		e->backend_state = NULL;
-		st_host_backend_fini(e, false);
-	}
-	st_stream_remove_context(e->ctx);
-	/* Its captures and graphs went with it; quarantined blocks of these
-	 * heaps are forgotten (the pointers are only compared). */
-	emm_capture_context_dropped(e->ctx, heaps, n);
-	/* Its IPC exports and imports went with its memory. */
-	st_ipc_context_dropped(e);
-	/* e stays allocated: stale thread caches may still read it. */
-	return true;
-}
-
-static bool match_ctx(const struct ctx_entry *e, const void *arg)
-{
-	return e->ctx == (CUcontext)arg;
-}
-
-static bool match_entry(const struct ctx_entry *e, const void *arg)
-{
-	return e == arg;
-}
-
-static bool drop_entry(struct ctx_entry *stale)
-{
-	return drop_one(match_entry, stale);
-}
-
-static bool match_primary(const struct ctx_entry *e, const void *arg)
-{
-	return e->primary && e->device == *(const CUdevice *)arg;
-}
-
-void emm_state_context_destroyed(CUcontext ctx)
-{
-	while (drop_one(match_ctx, ctx))
-		;
-	/* It may have been current here or elsewhere without an entry of
-	 * ours (a failed one, or none yet): every cache asks again. */
-	emm_state_current_changed(true);
-}
-
-void emm_state_primary_reset(CUdevice dev)
-{
-	while (drop_one(match_primary, &dev))
-		;
-	emm_state_current_changed(true);
-}
-
-CUcontext emm_state_primary_resetting(CUdevice dev)
-{
-	CUcontext ctx = NULL;
-
-	if (!st_is_enabled() || st_is_exiting())
-		return NULL;
-	st_lock(&st_ctx_lock);
-	for (size_t i = 0; i < ctx_count && !ctx; i++)
-		if (match_primary(ctx_list[i], &dev))
-			ctx = ctx_list[i]->ctx;
-	st_unlock(&st_ctx_lock);
-	emm_state_context_destroying(ctx);
-	return ctx;
-}
-
-void emm_state_primary_released(CUdevice dev)
-{
-	const struct emm_real_driver_table *real = st_real_table();
-	unsigned int flags = 0;
-	int active = 1;
-
-	if (st_is_exiting() || !real->cuDevicePrimaryCtxGetState ||
-	    real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
-		return;
-	if (!active)
-		emm_state_primary_reset(dev);
-}
-
-void emm_state_primary_retaining(CUdevice dev)
-{
-	/* An inactive primary context has no memory: any heap we keep for it
-	 * is left from before a reset we did not see. */
-	emm_state_primary_released(dev);
 }
 
 struct ctx_entry *st_heap_entry(const emm_heap_t *heap)

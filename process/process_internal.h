@@ -216,6 +216,14 @@ extern pthread_mutex_t st_ctx_lock;
 extern pthread_rwlock_t st_heap_life_lock;
 extern atomic_uint_fast64_t st_ctx_generation;
 
+/* Registry lookups (contexts.c), st_ctx_lock held: the first entry that
+ * `match` accepts, or NULL; with `unlink` it leaves the registry. */
+typedef bool (*st_ctx_match_fn)(const struct ctx_entry *e, const void *arg);
+struct ctx_entry *st_ctx_find_locked(st_ctx_match_fn match, const void *arg, bool unlink);
+/* Drop `stale` and its heaps (contexts_drop.c); false if it was gone
+ * already or exit has begun. */
+bool st_drop_entry(struct ctx_entry *stale);
+
 /* The thread cache. key: the context's id, or its handle without
  * cuCtxGetId. verified: the driver confirmed it during the current
  * guarded call (set by st_current_entry inside one only, cleared when the
