@@ -67,6 +67,7 @@ struct emm_options {
 	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
+	bool context_check;	   /* EMM_CONTEXT_CHECK: cuCtxGetId on every context lookup (on) */
 	unsigned arenas;	   /* EMM_ARENAS: arenas per heap (0: one per CPU, <= 64) */
 	bool thread_cache;	   /* EMM_THREAD_CACHE: per-thread front cache (off) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */
@@ -102,6 +103,7 @@ enum emm_option_id {
 	EMM_OPT_MEMINFO_CACHED,
 	EMM_OPT_PINNED,
 	EMM_OPT_RUNTIME_SHIMS,
+	EMM_OPT_CONTEXT_CHECK,
 	EMM_OPT_ARENAS,
 	EMM_OPT_THREAD_CACHE,
 	EMM_OPT_TEARDOWN_WAIT,

@@ -24,6 +24,11 @@
  * RTLD_NEXT or among the loaded objects) a call the fast path cannot serve
  * returns cudaErrorInitializationError: the runtime could not be set up.
  *
+ * cudaSetDevice, cudaDeviceReset, cudaThreadExit and cudaInitDevice change
+ * the thread's current context (or reset one) inside cudart, through no
+ * driver shim: they are passed through, and the context caches then ask the
+ * driver again (process/contexts.c).
+ *
  * Pass-through only (the driver shims account them): cudaMallocPitch (the
  * pitch is the device's), cudaMallocManaged, cudaHostRegister,
  * cudaHostUnregister, cudaMemGetInfo. cudaMallocFromPoolAsync (the program's
@@ -46,6 +51,9 @@ cudaError_t cudaMallocAsync_ptsz(void **devPtr, size_t size, cudaStream_t hStrea
 cudaError_t cudaFreeAsync_ptsz(void *devPtr, cudaStream_t hStream);
 cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream);
 
+/* Removed from the headers in CUDA 13; older shared cudarts export it. */
+cudaError_t cudaThreadExit(void);
+
 #define RUNTIME_MISSING cudaErrorInitializationError
 
 /* Forward to the next definition of `name`, typed as `type`. Each call
@@ -53,15 +61,22 @@ cudaError_t cudaMallocFromPoolAsync_ptsz(void **ptr, size_t size, cudaMemPool_t 
  * unloaded under a program that calls it), so a delegated call pays one
  * load, not emm_real_runtime's hash and string compare (95 instructions a
  * call: tests/bench/RESULTS.md section 16). Not found is asked again. */
+static inline void *next_runtime(_Atomic(void *) *found, const char *name)
+{
+	void *fn = atomic_load_explicit(found, memory_order_acquire);
+
+	if (EMM_UNLIKELY(!fn)) {
+		fn = emm_real_runtime(name);
+		if (fn)
+			atomic_store_explicit(found, fn, memory_order_release);
+	}
+	return fn;
+}
+
 #define DELEGATE(type, name, ...)                                                                            \
 	do {                                                                                                 \
 		static _Atomic(void *) found_;                                                               \
-		void *fn_ = atomic_load_explicit(&found_, memory_order_acquire);                             \
-		if (EMM_UNLIKELY(!fn_)) {                                                                    \
-			fn_ = emm_real_runtime(name);                                                        \
-			if (fn_)                                                                             \
-				atomic_store_explicit(&found_, fn_, memory_order_release);                   \
-		}                                                                                            \
+		void *fn_ = next_runtime(&found_, name);                                                     \
 		return fn_ ? ((type)fn_)(__VA_ARGS__) : RUNTIME_MISSING;                                     \
 	} while (0)
 
@@ -85,16 +100,6 @@ static bool fast_path_on(void)
 	return emm_state_enabled() && emm_state_options()->runtime_shims;
 }
 
-/* A context is current on this thread (cudart has initialised it, or the
- * program made one current itself). */
-static bool context_current(void)
-{
-	const struct emm_real_driver_table *real = emm_real_driver_table();
-	CUcontext ctx = NULL;
-
-	return real && real->cuCtxGetCurrent && real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
-}
-
 /* Device memory from the current context's heap (not served without a
  * current context: cudart's first call, which makes one). Any failure,
  * out of memory included, is left to the real runtime, whose driver call
@@ -114,7 +119,7 @@ static bool fast_host_alloc(void **ret_ptr, size_t size, unsigned int flags)
 {
 	emm_addr_t addr;
 
-	if ((flags & ~(unsigned int)HOST_ALLOC_FLAGS) || !context_current() ||
+	if ((flags & ~(unsigned int)HOST_ALLOC_FLAGS) || !emm_state_context_current() ||
 	    emm_serve_host_alloc(size, flags, false, &addr) != 0)
 		return false;
 	*ret_ptr = (void *)(uintptr_t)addr;
@@ -274,4 +279,46 @@ EMM_EXPORT cudaError_t cudaHostRegister(void *ptr, size_t size, unsigned int fla
 EMM_EXPORT cudaError_t cudaHostUnregister(void *ptr)
 {
 	DELEGATE(free_fn, "cudaHostUnregister", ptr);
+}
+
+/* --- calls that change the current context inside cudart ---------------------- */
+
+typedef cudaError_t (*int_fn)(int);
+typedef cudaError_t (*void_fn)(void);
+typedef cudaError_t (*init_device_fn)(int, unsigned int, unsigned int);
+
+/* After the real call (whatever it returned): this thread's context cache,
+ * or with `every_thread` all of them (a reset), asks the driver again. */
+#define DELEGATE_THEN_FORGET(every_thread, type, name, ...)                                                  \
+	do {                                                                                                 \
+		static _Atomic(void *) found_;                                                               \
+		void *fn_ = next_runtime(&found_, name);                                                     \
+		cudaError_t e_;                                                                              \
+                                                                                                             \
+		if (!fn_)                                                                                    \
+			return RUNTIME_MISSING;                                                              \
+		e_ = ((type)fn_)(__VA_ARGS__);                                                               \
+		if (emm_state_enabled())                                                                     \
+			emm_state_current_changed(every_thread);                                             \
+		return e_;                                                                                   \
+	} while (0)
+
+EMM_EXPORT cudaError_t cudaSetDevice(int device)
+{
+	DELEGATE_THEN_FORGET(false, int_fn, "cudaSetDevice", device);
+}
+
+EMM_EXPORT cudaError_t cudaInitDevice(int device, unsigned int deviceFlags, unsigned int flags)
+{
+	DELEGATE_THEN_FORGET(false, init_device_fn, "cudaInitDevice", device, deviceFlags, flags);
+}
+
+EMM_EXPORT cudaError_t cudaDeviceReset(void)
+{
+	DELEGATE_THEN_FORGET(true, void_fn, "cudaDeviceReset");
+}
+
+EMM_EXPORT cudaError_t cudaThreadExit(void)
+{
+	DELEGATE_THEN_FORGET(true, void_fn, "cudaThreadExit");
 }

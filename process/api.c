@@ -105,6 +105,7 @@ static int enter_device(int device, bool *pushed)
 	ctx = retain_primary(device < 0 ? 0 : device);
 	if (!ctx || !x->cuCtxPushCurrent_v2 || !x->cuCtxPopCurrent_v2 || x->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
 		return -ENODEV;
+	emm_state_current_changed(false); /* the thread's context cache (st_pop_ctx empties it again) */
 	*pushed = true;
 	return 0;
 }

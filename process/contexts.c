@@ -3,23 +3,59 @@
  * process/contexts.c - one heap per CUDA context: the registry of
  * context entries, the thread cache that finds the calling thread's entry,
  * building an entry (backend, device heap; its segments come through
- * segments.c), noticing a reset that bypassed our shims, and dropping a
- * context's heaps when it goes.
+ * segments.c) and noticing a reset that bypassed our shims. Dropping a
+ * context's heaps when it goes is contexts_drop.c's.
  *
- * Finding the heap of the calling thread costs one real driver call and a
- * thread-local compare: each thread caches (context id, entry, generation),
- * and any context teardown bumps the generation so every cache misses once.
- * The key is the context's unique id (cuCtxGetId of the current context):
- * a primary context keeps its handle across a reset, and cudart's
- * cudaDeviceReset resets it without calling any shim of ours, so the handle
- * alone would keep serving the old context's heap, whose segments the
- * driver has freed. An entry whose context handle now carries another id is
- * stale: its heaps are dropped without driver calls (later frees of its
- * blocks go to the driver and get its error) and a new entry is built.
- * Frees check the same (emm_state_validate_current) before the pool takes
- * the block. Without cuCtxGetId (drivers before 12.0) the handle is the key.
+ * Finding the heap of the calling thread: each thread caches (key, entry,
+ * generation); any context teardown bumps the generation so every cache
+ * misses once, and a change of the thread's own current context through a
+ * shim of ours (cuCtxSetCurrent, cuCtxPushCurrent, cuCtxPopCurrent,
+ * cuCtxCreate, shared cudart's cudaSetDevice, cudaDeviceReset: interpose/
+ * shims_ctx.c, shims_runtime.c) empties that thread's cache
+ * (emm_state_current_changed). A miss asks the driver. The key is the
+ * context's unique id (cuCtxGetId of the current context): a primary
+ * context keeps its handle across a reset, and cudart's cudaDeviceReset
+ * resets it without calling any shim of ours, so the handle alone would
+ * keep serving the old context's heap, whose segments the driver has
+ * freed. An entry whose context handle now carries another id is stale:
+ * its heaps are dropped without driver calls (later frees of its blocks go
+ * to the driver and get its error) and a new entry is built. Frees check
+ * the same (emm_state_validate_current) before the pool takes the block.
+ * Without cuCtxGetId (drivers before 12.0) the handle is the key.
+ *
+ * When may a hit skip the driver (EMM_CONTEXT_CHECK=off)? Only if every
+ * change of a thread's current context, and every reset or destruction of
+ * a context, passes a shim of ours. For the driver API it does: the calls
+ * that change the current context are all shimmed (above; cuCtxDestroy,
+ * cuDevicePrimaryCtxReset/Release/Retain in shims_stream.c), whether the
+ * program links them, dlsyms them or gets them from cuGetProcAddress (the
+ * resolvers substitute every shimmed export, cudart's own lookups
+ * included) - except green contexts (cuGreenCtxDestroy is not shimmed)
+ * and the deprecated cuCtxAttach/cuCtxDetach. It does not for a static
+ * cudart: cudaDeviceReset is verified
+ * (tests/shims/probe_ctxid.c, H200) to reset the primary context through
+ * no exported entry point, and whether cudart's cudaSetDevice and its
+ * re-retain after a reset use its cuGetProcAddress table (shimmed) or the
+ * driver's private export table (not) is not verified. A hit served from
+ * a reset context's heap would hand out memory the driver has freed, and
+ * one after an unseen cudaSetDevice memory of another device: no cheap
+ * host-side check can tell (the current context lives in the driver's
+ * thread state). So the check stays on by default (one cuCtxGetId per
+ * lookup, as before); EMM_CONTEXT_CHECK=off makes a hit driver-call free
+ * for programs that change contexts only through the driver API or shared
+ * cudart (tests/shims/test_shims_ctx_cache.c counts the calls), and the
+ * GPU runs with it off (tests/gpu/ctx_cache.cu, built with static and
+ * shared cudart; race-contexts-ctx-trust, race-multidevice-ctx-trust) tell
+ * whether a static cudart is covered too. libemm's own pushes and pops
+ * (segments.c, api.c, fence_cuda.c) empty the cache like the shims do.
+ * Either way, once the driver has named the context in a guarded call
+ * (st_tls_ctx.verified), the rest of that call trusts the cache: an epoch
+ * closed by the free records its events without asking cuCtxGetCurrent.
+ *
  * Entries are never freed (a torn-down one is unlinked), so a stale cache
- * never points at freed memory.
+ * never points at freed memory. A thread's cache dies with it (plain TLS,
+ * nothing to flush); a fork child starts with a new generation and an
+ * empty registry (st_contexts_fork_child).
  *
  * A heap is destroyed only when its context goes, under the heap guard
  * (guard.c), and never after exit has begun (state.c).
@@ -216,8 +252,6 @@ publish:
 	return pa.winner;
 }
 
-static bool drop_entry(struct ctx_entry *stale);
-
 /* An entry of an earlier context with the handle `ctx` is in the registry. */
 static bool entry_stale_present(CUcontext ctx, unsigned long long id)
 {
@@ -274,6 +308,18 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 
 	if (!st_is_enabled() || st_is_exiting() || st_tls_in_backend)
 		return -ENOSYS;
+	if (!st_opts->context_check) {
+		/* Every change of the current context is seen (top of file):
+		 * the cache stands until a shim or a teardown empties it. */
+		gen = atomic_load_explicit(&st_ctx_generation, memory_order_acquire);
+		e = st_tls_ctx.entry;
+		if (EMM_LIKELY(e && st_tls_ctx.generation == gen)) {
+			if (e->failed)
+				return -ENOSYS;
+			*ret = e;
+			return 0;
+		}
+	}
 	rc = current_context_key(&key, &id);
 	if (EMM_UNLIKELY(rc < 0)) {
 		/* cudaDeviceReset leaves the reset primary context current
@@ -305,7 +351,7 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 				/* Same handle, another context: reset behind our back. */
 				emm_debug("context %p was reset (id %llu, now %llu): dropping its heaps",
 				          (void *)ctx, found_id, id);
-				if (!drop_entry(e) && st_is_exiting())
+				if (!st_drop_entry(e) && st_is_exiting())
 					return -ENOSYS;
 				continue;
 			}
@@ -324,8 +370,29 @@ int st_current_entry(struct ctx_entry **ret, bool create)
 	}
 	if (e->failed)
 		return -ENOSYS;
+	/* The driver just named it: good for the rest of this guarded call
+	 * (outside one, nothing would clear it). */
+	st_tls_ctx.verified = st_tls_guard_depth > 0;
 	*ret = e;
 	return 0;
+}
+
+void emm_state_current_changed(bool every_thread)
+{
+	st_tls_ctx.entry = NULL;
+	if (every_thread)
+		atomic_fetch_add(&st_ctx_generation, 1);
+}
+
+bool emm_state_context_current(void)
+{
+	const struct emm_real_driver_table *real;
+	CUcontext ctx = NULL;
+
+	if (st_tls_trusted_ctx())
+		return true;
+	real = st_real_table();
+	return real->cuCtxGetCurrent && real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
 }
 
 void emm_state_validate_current(void)
@@ -380,6 +447,20 @@ size_t emm_state_pitch_alignment(void)
 	return align;
 }
 
+struct ctx_entry *st_ctx_find_locked(st_ctx_match_fn match, const void *arg, bool unlink)
+{
+	for (size_t i = 0; i < ctx_count; i++) {
+		struct ctx_entry *e = ctx_list[i];
+
+		if (!match(e, arg))
+			continue;
+		if (unlink)
+			ctx_list[i] = ctx_list[--ctx_count];
+		return e;
+	}
+	return NULL;
+}
+
 /* --- the heaps of the registry ----------------------------------------- */
 
 struct heap_ref *st_snapshot_locked(size_t *ret_count)
@@ -419,161 +500,6 @@ size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out)
 		}
 	}
 	return n;
-}
-
-/* --- context teardown -------------------------------------------------- */
-
-/* Unlink one entry matching `match`, destroy its heaps without driver calls
- * and forget its streams, events, captures and graphs. Returns false when
- * none matched. After exit has begun nothing is torn down (other threads
- * may still be using the heaps; the process is about to end anyway). */
-static bool drop_one(bool (*match)(const struct ctx_entry *e, const void *arg), const void *arg)
-{
-	struct ctx_entry *e = NULL;
-	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
-	size_t n = 0;
-	bool any = false, all_out;
-
-	if (st_is_exiting())
-		return false;
-	st_lock(&st_ctx_lock);
-	for (size_t i = 0; i < ctx_count && !any; i++)
-		any = match(ctx_list[i], arg);
-	st_unlock(&st_ctx_lock);
-	if (!any)
-		return false;
-
-	st_guard_step_out();
-	pthread_rwlock_wrlock(&st_heap_life_lock);
-	/* No other thread inside a heap from here to st_guard_end - unless one
-	 * stayed inside past EMM_TEARDOWN_WAIT: its heaps are then unlinked but
-	 * left alive for it (leaked; the driver frees the context's memory). */
-	all_out = st_guard_begin(st_opts->teardown_wait);
-	st_lock(&st_ctx_lock);
-	for (size_t i = 0; i < ctx_count; i++) {
-		if (match(ctx_list[i], arg)) {
-			e = ctx_list[i];
-			ctx_list[i] = ctx_list[--ctx_count];
-			break;
-		}
-	}
-	if (e) {
-		atomic_fetch_add(&st_ctx_generation, 1);
-		if (e->heap)
-			heaps[n++] = e->heap;
-		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
-			emm_heap_t *p = atomic_exchange(&e->pinned[f], NULL);
-			if (p)
-				heaps[n++] = p;
-		}
-		e->heap = NULL;
-		e->failed = true;
-	}
-	st_unlock(&st_ctx_lock);
-	if (!e) {
-		st_guard_end();
-		pthread_rwlock_unlock(&st_heap_life_lock);
-		st_guard_step_in();
-		return false;
-	}
-
-	emm_debug("dropping the heaps of context %p (device %d)", (void *)e->ctx, e->device);
-	emm_fence_pool_drop(e->ctx);
-	if (!all_out)
-		emm_warn("context %p: a thread is still inside libemm after %u ms (EMM_TEARDOWN_WAIT); its %zu "
-		         "heap(s) are left to it, not freed",
-		         (void *)e->ctx, st_opts->teardown_wait, n);
-	for (size_t i = 0; i < n; i++) {
-		st_stats_retire(heaps[i]);
-		if (all_out)
-			emm_heap_destroy(heaps[i], false);
-	}
-	st_guard_end();
-	pthread_rwlock_unlock(&st_heap_life_lock);
-	st_guard_step_in();
-	/* The backend state goes too - unless a thread inside may still be
-	 * calling the backend with it. */
-	if (all_out) {
-		if (e->backend_state && st_backend.table->fini)
-			st_backend.table->fini(e->backend_state, false);
-		e->backend_state = NULL;
-		st_host_backend_fini(e, false);
-	}
-	st_stream_remove_context(e->ctx);
-	/* Its captures and graphs went with it; quarantined blocks of these
-	 * heaps are forgotten (the pointers are only compared). */
-	emm_capture_context_dropped(e->ctx, heaps, n);
-	/* Its IPC exports and imports went with its memory. */
-	st_ipc_context_dropped(e);
-	/* e stays allocated: stale thread caches may still read it. */
-	return true;
-}
-
-static bool match_ctx(const struct ctx_entry *e, const void *arg)
-{
-	return e->ctx == (CUcontext)arg;
-}
-
-static bool match_entry(const struct ctx_entry *e, const void *arg)
-{
-	return e == arg;
-}
-
-static bool drop_entry(struct ctx_entry *stale)
-{
-	return drop_one(match_entry, stale);
-}
-
-static bool match_primary(const struct ctx_entry *e, const void *arg)
-{
-	return e->primary && e->device == *(const CUdevice *)arg;
-}
-
-void emm_state_context_destroyed(CUcontext ctx)
-{
-	while (drop_one(match_ctx, ctx))
-		;
-}
-
-void emm_state_primary_reset(CUdevice dev)
-{
-	while (drop_one(match_primary, &dev))
-		;
-}
-
-CUcontext emm_state_primary_resetting(CUdevice dev)
-{
-	CUcontext ctx = NULL;
-
-	if (!st_is_enabled() || st_is_exiting())
-		return NULL;
-	st_lock(&st_ctx_lock);
-	for (size_t i = 0; i < ctx_count && !ctx; i++)
-		if (match_primary(ctx_list[i], &dev))
-			ctx = ctx_list[i]->ctx;
-	st_unlock(&st_ctx_lock);
-	emm_state_context_destroying(ctx);
-	return ctx;
-}
-
-void emm_state_primary_released(CUdevice dev)
-{
-	const struct emm_real_driver_table *real = st_real_table();
-	unsigned int flags = 0;
-	int active = 1;
-
-	if (st_is_exiting() || !real->cuDevicePrimaryCtxGetState ||
-	    real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
-		return;
-	if (!active)
-		emm_state_primary_reset(dev);
-}
-
-void emm_state_primary_retaining(CUdevice dev)
-{
-	/* An inactive primary context has no memory: any heap we keep for it
-	 * is left from before a reset we did not see. */
-	emm_state_primary_released(dev);
 }
 
 struct ctx_entry *st_heap_entry(const emm_heap_t *heap)

@@ -70,19 +70,28 @@ static bool ctx_enter(CUcontext ctx)
 	const struct emm_state_real_extra *extra = emm_state_real_extra();
 	CUcontext cur = NULL;
 
+	/* The thread's context cache knows it when it may be trusted
+	 * (EMM_CONTEXT_CHECK off): no driver call then. */
+	if (st_tls_trusted_ctx() == ctx)
+		return false;
 	if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
 		cur = NULL;
 	if (cur == ctx || !extra->cuCtxPushCurrent_v2 || !extra->cuCtxPopCurrent_v2)
 		return false;
-	return extra->cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+	if (extra->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+		return false;
+	emm_state_current_changed(false);
+	return true;
 }
 
 static void ctx_leave(bool pushed)
 {
 	CUcontext popped;
 
-	if (pushed)
+	if (pushed) {
 		(void)emm_state_real_extra()->cuCtxPopCurrent_v2(&popped);
+		emm_state_current_changed(false);
+	}
 }
 
 /* --- pools ------------------------------------------------------------- */

@@ -47,7 +47,7 @@ static bool guard_asymmetric; /* membarrier registered: cheap entry barrier */
 static pthread_key_t guard_key;
 static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
 static EMM_TLS_IE struct guard_slot *tls_slot;
-static EMM_TLS_IE unsigned tls_guard_depth;
+EMM_TLS_IE unsigned st_tls_guard_depth;
 
 static void guard_slot_release(void *arg)
 {
@@ -129,7 +129,7 @@ void emm_state_enter(void)
 {
 	struct guard_slot *slot;
 
-	if (tls_guard_depth++ > 0)
+	if (st_tls_guard_depth++ > 0)
 		return;
 	slot = tls_slot;
 	if (EMM_UNLIKELY(!slot)) {
@@ -142,8 +142,9 @@ void emm_state_enter(void)
 
 void emm_state_leave(void)
 {
-	if (--tls_guard_depth > 0)
+	if (--st_tls_guard_depth > 0)
 		return;
+	st_tls_ctx.verified = false;
 	if (EMM_LIKELY(tls_slot != NULL))
 		atomic_store_explicit(&tls_slot->active, 0, memory_order_release);
 }
@@ -153,13 +154,13 @@ void emm_state_leave(void)
  * takes any lock, so that it never waits on a thread that waits on it. */
 void st_guard_step_out(void)
 {
-	if (tls_guard_depth && tls_slot)
+	if (st_tls_guard_depth && tls_slot)
 		atomic_store_explicit(&tls_slot->active, 0, memory_order_release);
 }
 
 void st_guard_step_in(void)
 {
-	if (tls_guard_depth && tls_slot)
+	if (st_tls_guard_depth && tls_slot)
 		guard_publish(tls_slot);
 }
 
@@ -206,5 +207,5 @@ void st_guard_fork_child(void)
 	atomic_store(&guard_slots, NULL);
 	atomic_store(&guard_dropping, 0);
 	tls_slot = NULL;
-	tls_guard_depth = 0;
+	st_tls_guard_depth = 0;
 }

@@ -425,10 +425,19 @@ void emm_state_primary_reset(CUdevice dev);
  * of ours for it is stale (reset behind our back, e.g. by cudaDeviceReset). */
 void emm_state_primary_retaining(CUdevice dev);
 
+/* The calling thread's current context changed through a shim (set, push,
+ * pop, create, cudaSetDevice), or, with `every_thread`, any thread's may
+ * have (a destroy, a reset): the context caches ask the driver again. */
+void emm_state_current_changed(bool every_thread);
+/* A context is current on this thread (the cache when EMM_CONTEXT_CHECK is
+ * off and it holds one; else cuCtxGetCurrent). */
+bool emm_state_context_current(void);
+
 /* Before a free of one of our blocks: make sure the heap of the current
  * context still belongs to the live context (a reset that bypassed our
  * shims is noticed here, so the stale block goes to the driver). Cheap:
- * one cuCtxGetId and a thread-local compare. */
+ * one cuCtxGetId and a thread-local compare (no call with
+ * EMM_CONTEXT_CHECK off and the thread's cache valid). */
 void emm_state_validate_current(void);
 /* After a primary-context release: forget its heaps if it is now inactive. */
 void emm_state_primary_released(CUdevice dev);

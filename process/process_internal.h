@@ -173,6 +173,8 @@ void st_guard_setup(void);
  * after. */
 void st_guard_step_out(void);
 void st_guard_step_in(void);
+/* How deep the calling thread is in guarded calls (emm_state_enter). */
+extern EMM_TLS_IE unsigned st_tls_guard_depth;
 /* Wait until no other thread is inside a heap, at most wait_ms; new
  * arrivals wait until st_guard_end. The caller is outside
  * (st_guard_step_out). False when a thread is still inside at the end:
@@ -214,14 +216,36 @@ extern pthread_mutex_t st_ctx_lock;
 extern pthread_rwlock_t st_heap_life_lock;
 extern atomic_uint_fast64_t st_ctx_generation;
 
+/* Registry lookups (contexts.c), st_ctx_lock held: the first entry that
+ * `match` accepts, or NULL; with `unlink` it leaves the registry. */
+typedef bool (*st_ctx_match_fn)(const struct ctx_entry *e, const void *arg);
+struct ctx_entry *st_ctx_find_locked(st_ctx_match_fn match, const void *arg, bool unlink);
+/* Drop `stale` and its heaps (contexts_drop.c); false if it was gone
+ * already or exit has begun. */
+bool st_drop_entry(struct ctx_entry *stale);
+
 /* The thread cache. key: the context's id, or its handle without
- * cuCtxGetId. */
+ * cuCtxGetId. verified: the driver confirmed it during the current
+ * guarded call (set by st_current_entry inside one only, cleared when the
+ * outermost call leaves). */
 struct st_tls_ctx {
 	uint64_t key;
 	struct ctx_entry *entry;
 	uint64_t generation;
+	bool verified;
 };
 extern EMM_TLS_IE struct st_tls_ctx st_tls_ctx;
+
+/* The thread's current context as its cache knows it, when the cache may
+ * be trusted (EMM_CONTEXT_CHECK off, or confirmed by the driver during
+ * this call) and is not stale; NULL otherwise. */
+static inline CUcontext st_tls_trusted_ctx(void)
+{
+	if ((!st_opts->context_check || st_tls_ctx.verified) && st_tls_ctx.entry &&
+	    st_tls_ctx.generation == atomic_load_explicit(&st_ctx_generation, memory_order_acquire))
+		return st_tls_ctx.entry->ctx;
+	return NULL;
+}
 
 /* The device of the thread's cached context; -1 if the cache is stale. */
 static inline int st_tls_device(void)

@@ -49,15 +49,20 @@ bool st_push_ctx(CUcontext ctx)
 		cur = NULL;
 	if (cur == ctx || !x->cuCtxPushCurrent_v2 || !x->cuCtxPopCurrent_v2)
 		return false;
-	return x->cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS;
+	if (x->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
+		return false;
+	emm_state_current_changed(false); /* the thread's context cache */
+	return true;
 }
 
 void st_pop_ctx(bool pushed)
 {
 	CUcontext popped;
 
-	if (pushed)
+	if (pushed) {
 		(void)st_real_extra()->cuCtxPopCurrent_v2(&popped);
+		emm_state_current_changed(false);
+	}
 }
 
 void *st_host_state(struct ctx_entry *e)

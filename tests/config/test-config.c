@@ -189,6 +189,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_MEMINFO_CACHED=False",
 		"EMM_PINNED=0",
 		"EMM_RUNTIME_SHIMS=NO",
+		"EMM_CONTEXT_CHECK=off",
 		"EMM_ARENAS=4",
 		"EMM_THREAD_CACHE=on",
 		"EMM_TEARDOWN_WAIT=250",
@@ -233,6 +234,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.meminfo_cached);
 	expect_false(p.o.pinned);
 	expect_false(p.o.runtime_shims);
+	expect_false(p.o.context_check);
 	expect_int_eq(p.o.arenas, 4);
 	expect_true(p.o.thread_cache);
 	expect_int_eq(p.o.vmm, EMM_OPT_VMM_COUNT);
@@ -251,7 +253,7 @@ TEST_BEGIN(test_option_names)
 		"BACKEND_OPTIONS", "SMALL_SIZE", "SMALL_SEGMENT", "LARGE_SEGMENT", "LARGE_ROUND",
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "HOLD_PEAK", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "PENDING_LIMIT", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
-		"ARENAS",	 "THREAD_CACHE", "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "IPC_DIR", "POISON",
+		"CONTEXT_CHECK", "ARENAS",	 "THREAD_CACHE", "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "IPC_DIR", "POISON",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 
@@ -536,7 +538,8 @@ static void expect_invalid_values(enum emm_option_id id, const char *const *valu
 TEST_BEGIN(test_invalid_bools)
 {
 	static const enum emm_option_id bools[] = {EMM_OPT_DISABLE,   EMM_OPT_STATS,	     EMM_OPT_OOM_RETRY,
-						   EMM_OPT_MEMINFO_CACHED, EMM_OPT_PINNED, EMM_OPT_RUNTIME_SHIMS};
+						   EMM_OPT_MEMINFO_CACHED, EMM_OPT_PINNED, EMM_OPT_RUNTIME_SHIMS,
+						   EMM_OPT_CONTEXT_CHECK};
 	for (size_t i = 0; i < EMM_ARRAY_SIZE(bools); i++)
 		EXPECT_INVALID(bools[i], BAD_BOOL);
 }

@@ -298,6 +298,22 @@ FAKECUDA_API uint64_t fakecuda_calls(const char *name)
 	return i < 0 ? 0 : atomic_load(&fn_calls[i]);
 }
 
+FAKECUDA_API uint64_t fakecuda_calls_total(const char **ret_top)
+{
+	uint64_t total = 0, top = 0;
+
+	for (int i = 0; i < FN_COUNT_; i++) {
+		uint64_t n = atomic_load(&fn_calls[i]);
+		total += n;
+		if (n > top) {
+			top = n;
+			if (ret_top)
+				*ret_top = fn_names[i];
+		}
+	}
+	return total;
+}
+
 FAKECUDA_API int fakecuda_known_function(const char *name)
 {
 	return fn_index(name) >= 0;

@@ -86,6 +86,9 @@ FAKECUDA_API void fakecuda_release_held(void);
  * export. Use fakecuda_known_function to tell the two apart. */
 FAKECUDA_API uint64_t fakecuda_calls(const char *name);
 FAKECUDA_API int fakecuda_known_function(const char *name);
+/* Calls of every entry point since the last reset, summed; *ret_top (if
+ * not NULL, and any call was made) names the most called one. */
+FAKECUDA_API uint64_t fakecuda_calls_total(const char **ret_top);
 
 /* Counters of what the calls did. */
 struct fakecuda_stats {

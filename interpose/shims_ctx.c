@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * interpose/shims_ctx.c - the driver calls that change which context is
+ * current on the calling thread: cuCtxSetCurrent, cuCtxPushCurrent,
+ * cuCtxPopCurrent and cuCtxCreate (every exported ABI). Each is passed to
+ * the driver unchanged; libemm only learns that the thread's current
+ * context may have changed, so the thread's context cache asks the driver
+ * again at its next lookup (process/contexts.c explains when a cached
+ * lookup may skip the driver). Destroying and resetting contexts are in
+ * shims_stream.c (they also drop the context's heaps).
+ */
+#include <cuda.h>
+
+#include "common/compiler.h"
+#include "interpose/shims.h"
+
+/* The real export `name` (typed `type`), called with the arguments; the
+ * thread's context cache is emptied after it whatever it returned (a
+ * failed call changes nothing, and emptying costs one lookup). */
+#define FORWARD(type, name, ...)                                                                             \
+	do {                                                                                                 \
+		type real_ = (type)emm_real_driver(name);                                                    \
+		CUresult r_;                                                                                 \
+                                                                                                             \
+		if (!real_)                                                                                  \
+			return CUDA_ERROR_NOT_INITIALIZED;                                                   \
+		r_ = real_(__VA_ARGS__);                                                                     \
+		if (emm_state_enabled())                                                                     \
+			emm_state_current_changed(false);                                                    \
+		return r_;                                                                                   \
+	} while (0)
+
+typedef CUresult (*set_fn)(CUcontext);
+typedef CUresult (*pop_fn)(CUcontext *);
+typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
+typedef CUresult (*create_v3_fn)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
+typedef CUresult (*create_v4_fn)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+
+EMM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
+{
+	FORWARD(set_fn, "cuCtxSetCurrent", ctx);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx)
+{
+	FORWARD(set_fn, "cuCtxPushCurrent_v2", ctx);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx)
+{
+	FORWARD(set_fn, "cuCtxPushCurrent", ctx);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
+{
+	FORWARD(pop_fn, "cuCtxPopCurrent_v2", pctx);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx)
+{
+	FORWARD(pop_fn, "cuCtxPopCurrent", pctx);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	FORWARD(create_fn, "cuCtxCreate", pctx, flags, dev);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
+{
+	FORWARD(create_fn, "cuCtxCreate_v2", pctx, flags, dev);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
+                                           unsigned int flags, CUdevice dev)
+{
+	FORWARD(create_v3_fn, "cuCtxCreate_v3", pctx, paramsArray, numParams, flags, dev);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                                           CUdevice dev)
+{
+	FORWARD(create_v4_fn, "cuCtxCreate_v4", pctx, ctxCreateParams, flags, dev);
+}

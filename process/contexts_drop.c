@@ -1,0 +1,167 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * process/contexts_drop.c - a context's heaps when the context goes: its
+ * destroy or reset through our shims (shims_stream.c), a primary context
+ * released to inactive, or a reset noticed behind our back (contexts.c).
+ * The entry is unlinked from the registry, its heaps are destroyed without
+ * driver calls under the heap guard (guard.c), its streams, captures and
+ * IPC state are forgotten, and every thread's context cache is emptied
+ * (the entry itself stays allocated: stale caches may still read it).
+ */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "common/log.h"
+#include "process/process_internal.h"
+#include "process/process.h"
+
+/* Unlink one entry matching `match`, destroy its heaps without driver calls
+ * and forget its streams, events, captures and graphs. Returns false when
+ * none matched. After exit has begun nothing is torn down (other threads
+ * may still be using the heaps; the process is about to end anyway). */
+static bool drop_one(st_ctx_match_fn match, const void *arg)
+{
+	struct ctx_entry *e = NULL;
+	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
+	size_t n = 0;
+	bool any = false, all_out;
+
+	if (st_is_exiting())
+		return false;
+	st_lock(&st_ctx_lock);
+	any = st_ctx_find_locked(match, arg, false) != NULL;
+	st_unlock(&st_ctx_lock);
+	if (!any)
+		return false;
+
+	st_guard_step_out();
+	pthread_rwlock_wrlock(&st_heap_life_lock);
+	/* No other thread inside a heap from here to st_guard_end - unless one
+	 * stayed inside past EMM_TEARDOWN_WAIT: its heaps are then unlinked but
+	 * left alive for it (leaked; the driver frees the context's memory). */
+	all_out = st_guard_begin(st_opts->teardown_wait);
+	st_lock(&st_ctx_lock);
+	e = st_ctx_find_locked(match, arg, true);
+	if (e) {
+		atomic_fetch_add(&st_ctx_generation, 1);
+		if (e->heap)
+			heaps[n++] = e->heap;
+		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
+			emm_heap_t *p = atomic_exchange(&e->pinned[f], NULL);
+			if (p)
+				heaps[n++] = p;
+		}
+		e->heap = NULL;
+		e->failed = true;
+	}
+	st_unlock(&st_ctx_lock);
+	if (!e) {
+		st_guard_end();
+		pthread_rwlock_unlock(&st_heap_life_lock);
+		st_guard_step_in();
+		return false;
+	}
+
+	emm_debug("dropping the heaps of context %p (device %d)", (void *)e->ctx, e->device);
+	emm_fence_pool_drop(e->ctx);
+	if (!all_out)
+		emm_warn("context %p: a thread is still inside libemm after %u ms (EMM_TEARDOWN_WAIT); its %zu "
+		         "heap(s) are left to it, not freed",
+		         (void *)e->ctx, st_opts->teardown_wait, n);
+	for (size_t i = 0; i < n; i++) {
+		st_stats_retire(heaps[i]);
+		if (all_out)
+			emm_heap_destroy(heaps[i], false);
+	}
+	st_guard_end();
+	pthread_rwlock_unlock(&st_heap_life_lock);
+	st_guard_step_in();
+	/* The backend state goes too - unless a thread inside may still be
+	 * calling the backend with it. */
+	if (all_out) {
+		if (e->backend_state && st_backend.table->fini)
+			st_backend.table->fini(e->backend_state, false);
+		e->backend_state = NULL;
+		st_host_backend_fini(e, false);
+	}
+	st_stream_remove_context(e->ctx);
+	/* Its captures and graphs went with it; quarantined blocks of these
+	 * heaps are forgotten (the pointers are only compared). */
+	emm_capture_context_dropped(e->ctx, heaps, n);
+	/* Its IPC exports and imports went with its memory. */
+	st_ipc_context_dropped(e);
+	/* e stays allocated: stale thread caches may still read it. */
+	return true;
+}
+
+static bool match_ctx(const struct ctx_entry *e, const void *arg)
+{
+	return e->ctx == (CUcontext)arg;
+}
+
+static bool match_entry(const struct ctx_entry *e, const void *arg)
+{
+	return e == arg;
+}
+
+bool st_drop_entry(struct ctx_entry *stale)
+{
+	return drop_one(match_entry, stale);
+}
+
+static bool match_primary(const struct ctx_entry *e, const void *arg)
+{
+	return e->primary && e->device == *(const CUdevice *)arg;
+}
+
+void emm_state_context_destroyed(CUcontext ctx)
+{
+	while (drop_one(match_ctx, ctx))
+		;
+	/* It may have been current here or elsewhere without an entry of
+	 * ours (a failed one, or none yet): every cache asks again. */
+	emm_state_current_changed(true);
+}
+
+void emm_state_primary_reset(CUdevice dev)
+{
+	while (drop_one(match_primary, &dev))
+		;
+	emm_state_current_changed(true);
+}
+
+CUcontext emm_state_primary_resetting(CUdevice dev)
+{
+	struct ctx_entry *e;
+	CUcontext ctx;
+
+	if (!st_is_enabled() || st_is_exiting())
+		return NULL;
+	st_lock(&st_ctx_lock);
+	e = st_ctx_find_locked(match_primary, &dev, false);
+	ctx = e ? e->ctx : NULL;
+	st_unlock(&st_ctx_lock);
+	emm_state_context_destroying(ctx);
+	return ctx;
+}
+
+void emm_state_primary_released(CUdevice dev)
+{
+	const struct emm_real_driver_table *real = st_real_table();
+	unsigned int flags = 0;
+	int active = 1;
+
+	if (st_is_exiting() || !real->cuDevicePrimaryCtxGetState ||
+	    real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+		return;
+	if (!active)
+		emm_state_primary_reset(dev);
+}
+
+void emm_state_primary_retaining(CUdevice dev)
+{
+	/* An inactive primary context has no memory: any heap we keep for it
+	 * is left from before a reset we did not see. */
+	emm_state_primary_released(dev);
+}
