@@ -11,6 +11,8 @@
 
 #include <cuda.h>
 #include <dlfcn.h>
+#include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,6 +37,23 @@ static inline int shims_stats(int device, struct emm_stats *out)
 		exit(1);
 	}
 	return get(device, out);
+}
+
+/* *d = the process-wide counters now minus `before` (every uint64_t from
+ * `allocs` on; the header fields are now's). */
+static inline void shims_stats_since(const struct emm_stats *before, struct emm_stats *d)
+{
+	struct emm_stats now;
+	const uint64_t *n = &now.allocs, *b = &before->allocs;
+	uint64_t *o = &d->allocs;
+
+	if (shims_stats(-1, &now) != 0) {
+		fprintf(stderr, "emm_stats_get failed\n");
+		exit(1);
+	}
+	*d = now;
+	for (size_t i = 0; i < (sizeof(now) - offsetof(struct emm_stats, allocs)) / sizeof(uint64_t); i++)
+		o[i] = n[i] - b[i];
 }
 
 static inline long long shims_release_idle(int device, size_t keep)

@@ -43,13 +43,7 @@ static void mark(void)
 /* *d = the process-wide counters now minus at mark(). */
 static void since(struct emm_stats *d)
 {
-	struct emm_stats now;
-	uint64_t *n = &now.allocs, *b = &before.allocs, *o = &d->allocs;
-
-	assert_int_eq(shims_stats(-1, &now), 0);
-	*d = now;
-	for (size_t i = 0; i < (sizeof(now) - offsetof(struct emm_stats, allocs)) / 8; i++)
-		o[i] = n[i] - b[i];
+	shims_stats_since(&before, d);
 }
 
 /* Sizes nvJPEG's hardware path frees on an H200 (160 KiB, 240 KiB, 1.2 MiB),
