@@ -63,35 +63,14 @@ static struct emm_fence_pool *pool_list;
 
 /* --- making the pool's context current --------------------------------- */
 
-/* Make `ctx` current if it is not. Returns true if it pushed (pop later). */
+/* Make `ctx` current if it is not (st_push_ctx, segments.c). Returns true if
+ * it pushed (st_pop_ctx later). The thread's context cache knows it when it
+ * may be trusted (EMM_CONTEXT_CHECK off): no driver call then. */
 static bool ctx_enter(CUcontext ctx)
 {
-	const struct emm_real_driver_table *real = emm_state_real();
-	const struct emm_state_real_extra *extra = emm_state_real_extra();
-	CUcontext cur = NULL;
-
-	/* The thread's context cache knows it when it may be trusted
-	 * (EMM_CONTEXT_CHECK off): no driver call then. */
 	if (st_tls_trusted_ctx() == ctx)
 		return false;
-	if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&cur) != CUDA_SUCCESS)
-		cur = NULL;
-	if (cur == ctx || !extra->cuCtxPushCurrent_v2 || !extra->cuCtxPopCurrent_v2)
-		return false;
-	if (extra->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
-		return false;
-	emm_state_current_changed(false);
-	return true;
-}
-
-static void ctx_leave(bool pushed)
-{
-	CUcontext popped;
-
-	if (pushed) {
-		(void)emm_state_real_extra()->cuCtxPopCurrent_v2(&popped);
-		emm_state_current_changed(false);
-	}
+	return st_push_ctx(ctx);
 }
 
 /* --- pools ------------------------------------------------------------- */
@@ -190,7 +169,7 @@ static struct cuda_fence *fence_get(struct emm_fence_pool *pool)
 	f->pool = pool;
 	pushed = ctx_enter(pool->ctx);
 	r = real->cuEventCreate(&f->event, CU_EVENT_DISABLE_TIMING);
-	ctx_leave(pushed);
+	st_pop_ctx(pushed);
 	if (r != CUDA_SUCCESS) {
 		emm_debug("cuEventCreate failed (%d)", (int)r);
 		if (r == CUDA_ERROR_DEINITIALIZED)
@@ -233,7 +212,7 @@ static int ctx_sync(struct emm_fence_pool *pool)
 		return -EBUSY;
 	pushed = ctx_enter(pool->ctx);
 	r = real->cuCtxSynchronize();
-	ctx_leave(pushed);
+	st_pop_ctx(pushed);
 	if (r == CUDA_ERROR_DEINITIALIZED || r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
 		if (r == CUDA_ERROR_DEINITIALIZED)
 			emm_state_driver_gone();
@@ -274,7 +253,7 @@ static int fence_record(void *ctx, emm_stream_t key, uint64_t *ret_event)
 	}
 	pushed = ctx_enter(pool->ctx);
 	r = real->cuEventRecord(f->event, emm_state_stream_handle(key));
-	ctx_leave(pushed);
+	st_pop_ctx(pushed);
 	st_capture_gate_leave(phase);
 	if (r == CUDA_SUCCESS) {
 		f->key = key;
