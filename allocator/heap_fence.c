@@ -2,20 +2,17 @@
 /*
  * allocator/heap_fence.c - fences and epochs of one arena: fence structs,
  * the garbage they leave (events released and structs recycled with the
- * lock dropped), closing the open epoch of synchronous frees, polling
- * closed fences, fencing a stream key's ready blocks, and the orphans of
- * destroyed streams. Every function here expects the arena lock held; those
- * that call fence ops drop it around them (heap_internal.h: lock order).
+ * lock dropped), closing the open epoch of synchronous frees, fencing a
+ * stream key's ready blocks, and the orphans of destroyed streams (polling
+ * the closed fences is heap_fence_poll.c's). Every function here expects
+ * the arena lock held; those that call fence ops drop it around them
+ * (heap_internal.h: lock order).
  */
 #include "allocator/heap_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
-
-#include "common/log.h"
-
-#define POLL_BATCH 16u /* events queried per lock drop */
 
 /* --- fence structs -------------------------------------------------------- */
 
@@ -150,7 +147,7 @@ void emm_heap_garbage_drop(struct arena *h, bool call_ops)
 }
 
 /* Every block of a completed fence becomes ready-any. */
-static void fence_release_blocks(struct arena *h, struct emm_fence *f)
+void fence_release_blocks(struct arena *h, struct emm_fence *f)
 {
 	struct emm_block *b = f->blocks, *next;
 
@@ -406,103 +403,6 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 		set_last_fence(h, ep->events[0], ep);
 	fence_enqueue(h, ep);
 	return 0;
-}
-
-/* Retire completed fences from the head of the FIFO (no queries): their
- * blocks become ready-any; structs no thread holds are recycled. */
-static bool poll_retire(struct arena *h)
-{
-	struct emm_fence *prev = NULL, *f = h->fq_head, *next;
-	bool moved = false;
-
-	for (; f; f = next) {
-		next = f->next;
-		if (!f->retired) {
-			if (!f->synced && f->done < f->nevents)
-				break;
-			if (f->nblocks)
-				moved = true;
-			fence_release_blocks(h, f);
-			f->retired = true;
-		}
-		if (f->holds == 0) {
-			if (prev)
-				prev->next = next;
-			else
-				h->fq_head = next;
-			if (h->fq_tail == f)
-				h->fq_tail = prev;
-			emm_heap_fence_recycle(h, f);
-		} else {
-			prev = f;
-		}
-	}
-	return moved;
-}
-
-/* Query up to POLL_BATCH events of the FIFO, oldest first, lock dropped
- * (the fences held so their events stay alive); *more: all completed and
- * there may be others. */
-static bool poll_batch(struct arena *h, bool *more)
-{
-	struct emm_fence *held[POLL_BATCH], *evf[POLL_BATCH];
-	unsigned from[POLL_BATCH], nheld = 0, nev = 0, ok, failed = 0;
-	uint64_t evs[POLL_BATCH];
-
-	for (struct emm_fence *f = h->fq_head; f && nev < POLL_BATCH; f = f->next) {
-		if (f->retired || f->synced || f->done >= f->nevents)
-			continue;
-		f->holds++;
-		from[nheld] = f->done;
-		held[nheld++] = f;
-		for (unsigned i = f->done; i < f->nevents && nev < POLL_BATCH; i++) {
-			evs[nev] = f->events[i];
-			evf[nev++] = f;
-		}
-	}
-	*more = false;
-	if (nev == 0)
-		return false;
-	arena_unlock_release(h);
-	for (ok = 0; ok < nev; ok++) {
-		int r = fop_query(h, evs[ok]);
-		if (r == -EBUSY)
-			break;
-		/* A failed query means a broken context: no more work will run
-		 * on it, so the fence counts as passed. */
-		if (r != 0)
-			failed++;
-	}
-	arena_lock(h);
-	h->st.event_queries += ok < nev ? ok + 1 : nev;
-	if (failed && !h->warned_query) {
-		emm_warn("event query failed: treating the fence as complete");
-		h->warned_query = true;
-	}
-	for (unsigned j = 0; j < nheld; j++) {
-		unsigned done = from[j];
-		for (unsigned k = 0; k < ok; k++)
-			done += evf[k] == held[j];
-		if (done > held[j]->done)
-			held[j]->done = done;
-		held[j]->holds--;
-	}
-	*more = ok == nev && nev == POLL_BATCH;
-	return poll_retire(h);
-}
-
-/*
- * Move completed fences' blocks to ready-any, oldest first, stopping at the
- * first incomplete one. Events are queried with the lock dropped, never
- * while a global capture is active. True if any block became ready.
- */
-bool emm_heap_poll_fences(struct arena *h)
-{
-	bool moved = poll_retire(h), more = true;
-
-	while (more && h->fq_head && !f_capturing(h, EMM_STREAM_SYNC))
-		moved |= poll_batch(h, &more);
-	return moved;
 }
 
 /* The blocks ready under key, pending on fence `to` (orphans). */

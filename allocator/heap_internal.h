@@ -2,8 +2,8 @@
 /*
  * allocator/heap_internal.h - the heap's private structures, shared by the
  * files that implement heap.h (heap.c, heap_size.c, heap_pool.c,
- * heap_fence.c, heap_stream.c, heap_oom.c, heap_stats.c, heap_check.c), the
- * small inline helpers of the alloc/free path, and the prototypes those
+ * heap_fence.c, heap_fence_poll.c, heap_stream.c, heap_oom.c, heap_stats.c,
+ * heap_check.c), the small inline helpers of the alloc/free path, and the prototypes those
  * files call across each other.
  * Nothing outside allocator/heap*.c includes it. In front of the arenas
  * sits each thread's cache (heap_tcache.c): blocks in it are LIVE with
@@ -578,6 +578,9 @@ unsigned emm_heap_inflight_enter(struct arena *h);
 void emm_heap_inflight_leave(struct arena *h, unsigned phase);
 void emm_heap_inflight_quiesce(struct arena *h);
 void emm_heap_fence_reset(struct emm_fence *f);
+/* Every block of a completed fence becomes ready-any (heap_fence.c, for
+ * heap_fence_poll.c). */
+void fence_release_blocks(struct arena *h, struct emm_fence *f);
 /* A finished fence: its events become garbage, the struct is recycled. */
 void emm_heap_fence_recycle(struct arena *h, struct emm_fence *f);
 /* Release every garbage event and struct of a heap no thread uses any more
@@ -640,7 +643,7 @@ void emm_tcache_heap_destroyed(struct emm_heap *heap);
 void emm_tcache_flush_all(void);
 
 /* Move completed fences' blocks to ready-any; true if any became ready.
- * Lock held; dropped around the queries. */
+ * Lock held; dropped around the queries (heap_fence_poll.c). */
 bool emm_heap_poll_fences(struct arena *h);
 
 /* Fence every block ready under `key` with one event recorded on `target`
