@@ -2,8 +2,8 @@
 /*
  * config/options.h - every EMM_* environment variable, in one table.
  *
- * The table (config/options.c) has one row per option: name (without the
- * EMM_ prefix), type, default, unit, one-line description. Parsing follows
+ * The table (config/options_table.h) has one row per option: name (without
+ * the EMM_ prefix), type, default, unit, one-line description. Parsing follows
  * one grammar: booleans 1/true/yes/on and 0/false/no/off (any case); sizes
  * as a number with an optional K/M/G/T suffix, optional "iB"/"B" (binary:
  * 1K = 1024), or "unlimited"/"none" where the row allows it; unsigned
