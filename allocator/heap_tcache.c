@@ -255,7 +255,10 @@ size_t emm_tcache_add_counters(struct arena *h, struct heap_counters *c)
 	size_t pending = 0;
 
 	for (struct tcache *tc = tc_list; tc; tc = tc->next) {
-		if (tc->arena != h || tc->heap != h->owner)
+		/* The uid too: a thread's cache stays bound to a destroyed heap
+		 * until its next use, and a new heap (and its arenas) may have
+		 * the old one's addresses. */
+		if (tc->arena != h || tc->heap != h->owner || tc->uid != h->owner->uid)
 			continue;
 		struct tc_delta *d = &tc->d;
 		c->allocs += LD(d->allocs);
