@@ -76,7 +76,7 @@ bool ipc_owner_alive(const struct ipc_owner *owner);
 /*
  * The registry under `dir` (EMM_IPC_DIR), opened on first use. Each call
  * takes the file's lock (flock) for its duration; callers serialise their
- * threads themselves (ipc.c's lock): flock does not exclude threads of one
+ * threads themselves (ipc_tables.lock): flock does not exclude threads of one
  * process. A full registry reclaims one slot of a dead process.
  *   add:      store the export *e: 0, -ENOSPC (full), or the open's error.
  *   open:     the export (owner, serial): 0 and *ret, -ENOENT; with it an
@@ -153,8 +153,9 @@ struct ipc_import_blk {
 bool ipc_vec_grow(void **v, size_t n, size_t *cap, size_t elem);
 #define IPC_VEC_RESERVE(a) ipc_vec_grow((void **)&(a).v, (a).n, &(a).cap, sizeof(*(a).v))
 
-/* Everything below `lock` is under it (a leaf; every registry access is
- * under it too), but the two counts, read without it on hot paths. */
+/* The one instance, ipc_tables: everything in it is written under `lock`
+ * (a leaf; every registry access is under it too); the two counts are
+ * also read without it, on hot paths. */
 struct st_ipc_tables {
 	pthread_mutex_t lock;
 	IPC_VEC(struct ipc_export) exports;       /* ipc_export.c; ipc.c drops a context's */
