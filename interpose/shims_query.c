@@ -5,7 +5,7 @@
  * (the block the program was given, not the segment behind it; a block
  * opened through a libemm IPC handle likewise), and legacy IPC of any
  * block (cuIpcGetMemHandle, cuIpcOpenMemHandle[_v2], cuIpcCloseMemHandle;
- * process/ipc.c).
+ * process/ipc*.c).
  */
 #include <cuda.h>
 #include <errno.h>
@@ -131,7 +131,7 @@ EMM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
 	return r;
 }
 
-/* --- IPC (process/ipc.c keeps the books; the driver calls are here) ------- */
+/* --- IPC (process/ipc*.c keep the books; the driver calls are here) ------ */
 
 EMM_EXPORT CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *pHandle, CUdeviceptr dptr)
 {

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * process/ipc_internal.h - what the two IPC files of the process layer share
+ * process/ipc_internal.h - what the IPC files of the process layer share
  * and nobody else sees: the layout of a libemm IPC handle and of one entry
- * of the per-user registry (ipc_registry.c), and the registry's calls that
- * ipc.c makes.
+ * of the per-user registry (ipc_registry.c), the registry's calls that the
+ * others make, and the one set of tables (struct st_ipc_tables, under its
+ * lock) that the exporter (ipc_export.c), the importer (ipc_import.c) and
+ * context teardown and fork (ipc.c) keep.
  *
  * A libemm handle names one exported block: its exporter (pid, start time,
  * pid namespace) and a serial the exporter gave the export. The registry,
@@ -17,9 +19,13 @@
 #define EMM_PROCESS_IPC_INTERNAL_H
 
 #include <cuda.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "allocator/heap.h"
 
 #pragma GCC visibility push(hidden)
 
@@ -70,7 +76,7 @@ bool ipc_owner_alive(const struct ipc_owner *owner);
 /*
  * The registry under `dir` (EMM_IPC_DIR), opened on first use. Each call
  * takes the file's lock (flock) for its duration; callers serialise their
- * threads themselves (ipc.c's lock): flock does not exclude threads of one
+ * threads themselves (ipc_tables.lock): flock does not exclude threads of one
  * process. A full registry reclaims one slot of a dead process.
  *   add:      store the export *e: 0, -ENOSPC (full), or the open's error.
  *   open:     the export (owner, serial): 0 and *ret, -ENOENT; with it an
@@ -96,6 +102,78 @@ void ipc_registry_remove(const char *dir, const struct ipc_owner *self,
 /* In a fork child: the parent's open file is shared with it (its flock
  * too): close it here, reopen on next use. */
 void ipc_registry_fork_child(void);
+
+/* --- the tables of ipc.c, ipc_export.c and ipc_import.c ----------------- */
+
+struct ctx_entry;
+
+/* A block exported with a libemm handle. */
+struct ipc_export {
+	CUcontext ctx;
+	emm_addr_t seg_base;
+	size_t offset, size;
+	uint64_t serial;
+};
+
+/* A segment with blocks exported; `retired`: the heap gave it back while
+ * an importer had it, so it is kept here. */
+struct ipc_kept {
+	struct ctx_entry *entry;
+	emm_addr_t base;
+	size_t size;
+	CUipcMemHandle segment;
+	bool retired;
+};
+
+/* A segment opened through libemm handles in this process. */
+struct ipc_import_seg {
+	CUcontext ctx;
+	CUipcMemHandle segment;
+	emm_addr_t base;
+	size_t size;
+	unsigned driver_refs; /* successful driver opens (two threads may race) */
+	unsigned refs;        /* opened blocks' references */
+};
+
+/* An opened block: its pointer and references. */
+struct ipc_import_blk {
+	emm_addr_t ptr;
+	size_t size;
+	struct ipc_import_seg *seg;
+	unsigned refs;
+};
+
+/* A growable array of T; IPC_VEC_RESERVE(a): room for one more (false:
+ * out of memory). */
+#define IPC_VEC(T)                                                                                           \
+	struct {                                                                                             \
+		T *v;                                                                                        \
+		size_t n, cap;                                                                               \
+	}
+bool ipc_vec_grow(void **v, size_t n, size_t *cap, size_t elem);
+#define IPC_VEC_RESERVE(a) ipc_vec_grow((void **)&(a).v, (a).n, &(a).cap, sizeof(*(a).v))
+
+/* The one instance, ipc_tables: everything in it is written under `lock`
+ * (a leaf; every registry access is under it too); the two counts are
+ * also read without it, on hot paths. */
+struct st_ipc_tables {
+	pthread_mutex_t lock;
+	IPC_VEC(struct ipc_export) exports;       /* ipc_export.c; ipc.c drops a context's */
+	IPC_VEC(struct ipc_kept) kept;            /* ipc_export.c; ipc.c drops a context's */
+	IPC_VEC(struct ipc_import_seg *) imports; /* opened segments; ipc_import.c */
+	IPC_VEC(struct ipc_import_blk) blocks;    /* opened blocks; ipc_import.c */
+	uint64_t next_serial;                     /* of the next export */
+	unsigned opens_pending;                   /* imports between begin and done */
+	atomic_size_t kept_count, block_count;    /* kept.n and blocks.n */
+};
+extern struct st_ipc_tables ipc_tables;
+
+/* EMM_IPC_DIR; this process as an owner (ipc_tables.lock held). */
+const char *ipc_dir(void);
+struct ipc_owner ipc_self_locked(void);
+/* Drop an opened segment with no references left (ipc_import.c);
+ * ipc_tables.lock held. */
+void ipc_import_seg_remove_locked(struct ipc_import_seg *seg);
 
 #pragma GCC visibility pop
 

@@ -16,7 +16,7 @@
  *   - the VMM calls' cache of whole freed buffers (vmm.c, vmm_table.c,
  *     vmm_idle.c);
  *   - legacy IPC of any block and the per-user registry behind it (ipc.c,
- *     ipc_registry.c).
+ *     ipc_export.c, ipc_import.c, ipc_registry.c).
  * Files inside process/ share process_internal.h as well; nothing outside
  * includes that.
  *
@@ -36,8 +36,8 @@
  *   pool->lock   - a context's free CUDA events; a leaf.
  *   vmm_lock     - the VMM cache (vmm.c, vmm_table.c, vmm_idle.c); a leaf,
  *                  and the fence ops run outside it.
- *   ipc_lock     - exports, kept segments, imports and the registry file's
- *                  flock (ipc.c); a leaf.
+ *   ipc_tables.lock - exports, kept segments, imports and the registry
+ *                  file's flock (ipc_internal.h); a leaf.
  */
 #ifndef EMM_PROCESS_PROCESS_H
 #define EMM_PROCESS_PROCESS_H
@@ -491,7 +491,7 @@ void emm_vmm_count_pool(enum emm_pool_event what, CUdeviceptr ptr, size_t size, 
 void emm_vmm_runtime_pool_enter(void);
 void emm_vmm_runtime_pool_leave(void);
 
-/* === legacy IPC of any block (ipc.c, ipc_registry.c) ====================== */
+/* === legacy IPC of any block (ipc*.c) ===================================== */
 
 /*
  * cuIpcGetMemHandle(dptr), in two steps around the driver's call, which the
@@ -511,7 +511,7 @@ void emm_vmm_runtime_pool_leave(void);
  *                         *ret_handle; -ENOTSUP: it cannot be registered
  *                         (registry unusable or full; warned once).
  * A segment with blocks exported stays allocated while another process has
- * it open (ipc.c says how long exactly).
+ * it open (ipc_export.c says how long exactly).
  */
 struct ctx_entry;
 struct emm_ipc_export {

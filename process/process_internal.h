@@ -380,12 +380,12 @@ size_t st_idle_bytes_device(int device);
 void st_stats_retire(emm_heap_t *heap);
 void st_stats_fork_child(void);
 
-/* --- ipc.c ---------------------------------------------------------------- */
+/* --- ipc_export.c and ipc.c ---------------------------------------------- */
 
 /* The heap of `entry` gives back device segment `base`: true when the
  * segment has IPC exports that a process still has open, so it stays
- * allocated (the backend free is skipped; ipc.c). Also gives back retired
- * segments nobody holds any more. */
+ * allocated (the backend free is skipped; ipc_export.c). Also gives back
+ * retired segments nobody holds any more. */
 bool st_ipc_keep_segment(struct ctx_entry *entry, emm_addr_t base, size_t size);
 /* emm_release_idle: give back the retired segments of `device` (-1 all)
  * that nobody holds any more; the bytes. */

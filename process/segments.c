@@ -147,7 +147,7 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 	/* Gone from the program either way: a memory checker forgets it. */
 	if (!host)
 		st_annotate_heap(addr, size, false);
-	/* A segment with IPC exports stays allocated (ipc.c). */
+	/* A segment with IPC exports stays allocated (ipc_export.c). */
 	if (!host && st_ipc_keep_segment(e, addr, size))
 		return 0;
 	pushed = st_push_ctx(e->ctx);
