@@ -351,6 +351,18 @@ static inline struct emm_fence_ops fake_fence_ops(struct fake_fence *f)
 	};
 }
 
+/* A heap over `src` (reset to `capacity` bytes) and `fence` (reset): 0 and
+ * *ret, or emm_heap_create's error. */
+static inline int fake_heap_create(const struct emm_heap_params *p, struct fake_src *src, size_t capacity,
+                                   struct fake_fence *fence, emm_heap_t **ret)
+{
+	fake_src_init(src, capacity);
+	fake_fence_init(fence);
+	struct emm_segment_source s = fake_src_ops(src);
+	struct emm_fence_ops f = fake_fence_ops(fence);
+	return emm_heap_create(p, &s, &f, 0, ret);
+}
+
 static inline struct emm_stats heap_stats(emm_heap_t *h)
 {
 	struct emm_stats st;

@@ -37,11 +37,7 @@ static emm_heap_t *setup(void)
 	p.epoch_max_blocks = 16;
 	p.oom_retry = false;
 	p.arenas = 1;
-	fake_src_init(&src, 2 * MIB);
-	fake_fence_init(&fence);
-	struct emm_segment_source s = fake_src_ops(&src);
-	struct emm_fence_ops f = fake_fence_ops(&fence);
-	if (emm_heap_create(&p, &s, &f, 0, &h))
+	if (fake_heap_create(&p, &src, 2 * MIB, &fence, &h))
 		return NULL;
 	return h;
 }

@@ -34,11 +34,7 @@ static emm_heap_t *setup(unsigned arenas)
 	emm_heap_params_default(&p);
 	p.arenas = arenas;
 	p.thread_cache = false;
-	fake_src_init(&src, 1024 * MIB);
-	fake_fence_init(&fence);
-	struct emm_segment_source s = fake_src_ops(&src);
-	struct emm_fence_ops f = fake_fence_ops(&fence);
-	if (emm_heap_create(&p, &s, &f, 0, &h))
+	if (fake_heap_create(&p, &src, 1024 * MIB, &fence, &h))
 		return NULL;
 	return h;
 }

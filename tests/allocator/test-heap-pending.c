@@ -31,11 +31,7 @@ static emm_heap_t *setup(size_t limit)
 	p.arenas = 1;
 	p.epoch_max_blocks = 1; /* every free closes its epoch: one fence each */
 	p.pending_limit = limit;
-	fake_src_init(&src, SIZE_MAX);
-	fake_fence_init(&fence);
-	struct emm_segment_source s = fake_src_ops(&src);
-	struct emm_fence_ops f = fake_fence_ops(&fence);
-	if (emm_heap_create(&p, &s, &f, 0, &h))
+	if (fake_heap_create(&p, &src, SIZE_MAX, &fence, &h))
 		return NULL;
 	emm_heap_stream_created(h, NB1, true); /* epochs take the slow path */
 	return h;

@@ -92,11 +92,7 @@ static emm_heap_t *setup(bool thread_cache)
 	p.arenas = NARENAS;
 	p.thread_cache = thread_cache;
 	p.free_mode = EMM_FREE_MODE_STREAM;
-	fake_src_init(&src, SIZE_MAX);
-	fake_fence_init(&fence);
-	struct emm_segment_source s = fake_src_ops(&src);
-	struct emm_fence_ops f = fake_fence_ops(&fence);
-	if (emm_heap_create(&p, &s, &f, 0, &h))
+	if (fake_heap_create(&p, &src, SIZE_MAX, &fence, &h))
 		return NULL;
 	return h;
 }

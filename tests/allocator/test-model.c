@@ -303,12 +303,8 @@ TEST_BEGIN(test_model_mixed)
 	emm_heap_params_default(&p);
 	p.roundup_divisions = 0;
 	p.max_split = 128 * MIB; /* exercise the oversize rules */
-	fake_src_init(&src, 3 * GIB);
-	fake_fence_init(&fence);
-	struct emm_segment_source s = fake_src_ops(&src);
-	struct emm_fence_ops f = fake_fence_ops(&fence);
 	emm_heap_t *h = NULL;
-	assert_int_eq(emm_heap_create(&p, &s, &f, 0, &h), 0);
+	assert_int_eq(fake_heap_create(&p, &src, 3 * GIB, &fence, &h), 0);
 	live_arr = calloc(MAX_LIVE + 1, sizeof(*live_arr));
 	emm_tree_init(&live_tree);
 	long allocs = 0, frees = 0, enomem = 0, capture_left = 0;
@@ -493,12 +489,8 @@ TEST_BEGIN(test_model_fence_rule)
 	const long OPS = 300000;
 	struct emm_heap_params p;
 	emm_heap_params_default(&p);
-	fake_src_init(&src, 1 * GIB);
-	fake_fence_init(&fence);
-	struct emm_segment_source s = fake_src_ops(&src);
-	struct emm_fence_ops f = fake_fence_ops(&fence);
 	emm_heap_t *h = NULL;
-	assert_int_eq(emm_heap_create(&p, &s, &f, 0, &h), 0);
+	assert_int_eq(fake_heap_create(&p, &src, 1 * GIB, &fence, &h), 0);
 	live_arr = calloc(MAX_LIVE + 1, sizeof(*live_arr));
 	emm_tree_init(&live_tree);
 	emm_tree_init(&freed_tree);

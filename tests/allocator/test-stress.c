@@ -171,12 +171,8 @@ static void run(enum emm_free_mode mode, size_t release_threshold, unsigned aren
 	p.free_mode = mode;
 	p.release_threshold = release_threshold;
 	p.arenas = arenas;
-	fake_src_init(&src, capacity);
-	fake_fence_init(&fence);
-	struct emm_segment_source s = fake_src_ops(&src);
-	struct emm_fence_ops f = fake_fence_ops(&fence);
 	heap = NULL;
-	if (emm_heap_create(&p, &s, &f, 0, &heap) != 0) {
+	if (fake_heap_create(&p, &src, capacity, &fence, &heap) != 0) {
 		emm_test_fail_("heap create");
 		return;
 	}
