@@ -110,38 +110,9 @@ static int close_handle(CUdeviceptr d)
 
 /* --- helpers ------------------------------------------------------------- */
 
-struct child {
-	pid_t pid;
-	FILE *in, *out;
-};
-
-static void spawn(struct child *c, bool preload, char **argv)
-{
-	int to[2], from[2];
-
-	if (pipe(to) != 0 || pipe(from) != 0)
-		abort();
-	c->pid = fork();
-	if (c->pid == 0) {
-		dup2(to[0], 0);
-		dup2(from[1], 1);
-		close(to[1]);
-		close(from[0]);
-		if (!preload)
-			unsetenv("LD_PRELOAD");
-		execv("/proc/self/exe", argv);
-		_exit(127);
-	}
-	close(to[0]);
-	close(from[1]);
-	c->in = fdopen(to[1], "w");
-	c->out = fdopen(from[0], "r");
-	setvbuf(c->in, NULL, _IONBF, 0);
-}
-
 /* The child's next line that starts with `tag ` (its other output is
  * passed on): 0 and the rest, or -1 at its end. */
-static int child_line(struct child *c, const char *tag, char *buf, size_t n)
+static int child_line(struct ipc_child *c, const char *tag, char *buf, size_t n)
 {
 	char line[512];
 	size_t t = strlen(tag);
@@ -158,7 +129,7 @@ static int child_line(struct child *c, const char *tag, char *buf, size_t n)
 	return -1;
 }
 
-static int child_wait(struct child *c)
+static int child_wait(struct ipc_child *c)
 {
 	char rest[512];
 	int status = 0;
@@ -298,7 +269,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	char hex[NBLK][2 * CU_IPC_HANDLE_SIZE + 1], sz[NBLK][32], off[NBLK][32], seed[NBLK][16], line[64];
 	char *argv[4 + 4 * NBLK + 1] = {(char *)"self", (char *)"import", (char *)api_name(), (char *)"4"};
 	struct gpu_snap a, b;
-	struct child c;
+	struct ipc_child c;
 
 	/* An empty pool: every block comes from one fresh small segment. */
 	(void)release_idle();
@@ -327,7 +298,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	CUdeviceptr q = 0;
 	expect_int_ne(open_handle(&h[0], &q), 0);
 
-	spawn(&c, true, argv);
+	ipc_spawn(&c, true, NULL, argv);
 	expect_int_eq(child_line(&c, "written", line, sizeof(line)), 0);
 	/* The importer's kernel wrote block 1. */
 	expect_int_eq(check(d[1], blk_size[1], 2, 1), 0);
@@ -342,7 +313,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	long long released = release_idle();
 	expect_true(released >= (long long)(2 << 20));
 	char *argv1[] = {(char *)"self", (char *)"open1", (char *)api_name(), hex[0], NULL};
-	spawn(&c, true, argv1);
+	ipc_spawn(&c, true, NULL, argv1);
 	expect_int_eq(child_line(&c, "open", line, sizeof(line)), 0);
 	printf("  a handle of a segment given back: open answers %s\n", line);
 	expect_int_ne(atoi(line), 0);
@@ -356,7 +327,7 @@ TEST_BEGIN(test_importer_without_libemm)
 	CUipcMemHandle hb, hw;
 	char hexb[2 * CU_IPC_HANDLE_SIZE + 1], hexw[2 * CU_IPC_HANDLE_SIZE + 1], size[32], line[64];
 	char *argv[] = {(char *)"self", (char *)"plain", (char *)api_name(), hexb, hexw, size, (char *)"9", NULL};
-	struct child c;
+	struct ipc_child c;
 
 	assert_int_eq(dev_alloc(&a, 4096), 0);
 	assert_int_eq(dev_alloc(&b, 4096), 0);
@@ -369,7 +340,7 @@ TEST_BEGIN(test_importer_without_libemm)
 	ipc_to_hex(&hb, hexb);
 	ipc_to_hex(&hw, hexw);
 	snprintf(size, sizeof(size), "%zu", WHOLE_SIZE);
-	spawn(&c, false, argv);
+	ipc_spawn(&c, false, NULL, argv);
 	expect_int_eq(child_line(&c, "sub", line, sizeof(line)), 0);
 	/* To be confirmed on the GPU: the fake answers CUDA_ERROR_INVALID_VALUE
 	 * (1; cudaErrorInvalidValue is 1 too). */
@@ -389,9 +360,9 @@ TEST_BEGIN(test_exporter_exit)
 	char *argv[] = {(char *)"self", (char *)"export-exit", (char *)api_name(), NULL};
 	CUipcMemHandle hs, hw;
 	CUdeviceptr ps = 0, pw = 0;
-	struct child c;
+	struct ipc_child c;
 
-	spawn(&c, true, argv);
+	ipc_spawn(&c, true, NULL, argv);
 	expect_int_eq(child_line(&c, "sub", sub, sizeof(sub)), 0);
 	expect_int_eq(child_line(&c, "whole", whole, sizeof(whole)), 0);
 	expect_int_eq(child_wait(&c), 0);

@@ -61,40 +61,7 @@ static int check(CUdeviceptr d, size_t n, unsigned seed)
 	return bad;
 }
 
-struct child {
-	pid_t pid;
-	FILE *in, *out; /* its stdin, its stdout */
-};
-
-/* Start this program in a child mode (argv[0] is replaced). */
-static void spawn(struct child *c, bool preload, const char *ipc_dir, char **argv)
-{
-	int to[2], from[2];
-
-	if (pipe(to) != 0 || pipe(from) != 0)
-		abort();
-	c->pid = fork();
-	if (c->pid == 0) {
-		dup2(to[0], 0);
-		dup2(from[1], 1);
-		close(to[1]);
-		close(from[0]);
-		if (!preload)
-			unsetenv("LD_PRELOAD");
-		if (ipc_dir)
-			setenv("EMM_IPC_DIR", ipc_dir, 1);
-		argv[0] = "self";
-		execv("/proc/self/exe", argv);
-		_exit(127);
-	}
-	close(to[0]);
-	close(from[1]);
-	c->in = fdopen(to[1], "w");
-	c->out = fdopen(from[0], "r");
-	setvbuf(c->in, NULL, _IONBF, 0);
-}
-
-static int child_line(struct child *c, char *buf, size_t n)
+static int child_line(struct ipc_child *c, char *buf, size_t n)
 {
 	if (!fgets(buf, (int)n, c->out)) {
 		buf[0] = '\0';
@@ -104,7 +71,7 @@ static int child_line(struct child *c, char *buf, size_t n)
 	return 0;
 }
 
-static int child_wait(struct child *c)
+static int child_wait(struct ipc_child *c)
 {
 	int status = 0;
 
@@ -328,13 +295,13 @@ static int mode_hold(int argc, char **argv)
 /* --- the tests (exporter side) ------------------------------------------- */
 
 /* Start a `hold` child on handle h: the CUresult its open gave. */
-static int hold(struct child *c, const CUipcMemHandle *h)
+static int hold(struct ipc_child *c, const CUipcMemHandle *h)
 {
 	char hex[2 * CU_IPC_HANDLE_SIZE + 1], line[64];
 	char *argv[] = {NULL, "hold", hex, NULL};
 
 	ipc_to_hex(h, hex);
-	spawn(c, true, NULL, argv);
+	ipc_spawn(c, true, NULL, argv);
 	if (child_line(c, line, sizeof(line)) != 0 || strncmp(line, "opened ", 7) != 0)
 		return -1;
 	return atoi(line + 7);
@@ -347,7 +314,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	char hex[NBLK][2 * CU_IPC_HANDLE_SIZE + 1], sz[NBLK][32], off[NBLK][32], seed[NBLK][16], line[64];
 	char *argv[3 + 4 * NBLK + 1] = {NULL, "import", "4"};
 	struct fakecuda_stats f0, f1, f2;
-	struct child c;
+	struct ipc_child c;
 
 	/* An empty pool: every block comes from one fresh small segment. */
 	(void)shims_release_idle(-1, 0);
@@ -373,7 +340,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	assert_int_eq(cuIpcGetMemHandle(&again, d[2]), CUDA_SUCCESS);
 	expect_true(memcmp(&again, &h[2], sizeof(again)) == 0);
 
-	spawn(&c, true, NULL, argv);
+	ipc_spawn(&c, true, NULL, argv);
 	expect_int_eq(child_line(&c, line, sizeof(line)), 0);
 	expect_str_eq(line, "written");
 	/* The importer's write is here. */
@@ -393,7 +360,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	 * back at the next release, and its handles no longer open. */
 	expect_true(shims_release_idle(-1, 0) >= (long long)(2 << 20));
 	expect_int_eq(fake_stats().device_frees - f2.device_frees, 1);
-	struct child held;
+	struct ipc_child held;
 	expect_int_eq(hold(&held, &h[0]), CUDA_ERROR_INVALID_VALUE);
 	expect_int_eq(child_wait(&held), 0);
 }
@@ -404,7 +371,7 @@ TEST_BEGIN(test_segment_lifetime)
 	struct fakecuda_stats f0, f1;
 	CUdeviceptr a, b;
 	CUipcMemHandle ha;
-	struct child c;
+	struct ipc_child c;
 
 	/* Nobody opened it: freed and released, the segment goes at once. */
 	(void)shims_release_idle(-1, 0);
@@ -444,7 +411,7 @@ TEST_BEGIN(test_importer_without_libemm)
 	char hexb[2 * CU_IPC_HANDLE_SIZE + 1], hexw[2 * CU_IPC_HANDLE_SIZE + 1], size[32];
 	char *argv[] = {NULL, "plain", hexb, hexw, size, "9", NULL};
 	char line[64];
-	struct child c;
+	struct ipc_child c;
 
 	assert_int_eq(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&b, 4096), CUDA_SUCCESS);
@@ -459,7 +426,7 @@ TEST_BEGIN(test_importer_without_libemm)
 	ipc_to_hex(&hb, hexb);
 	ipc_to_hex(&hw, hexw);
 	snprintf(size, sizeof(size), "%zu", WHOLE_SIZE);
-	spawn(&c, false, NULL, argv);
+	ipc_spawn(&c, false, NULL, argv);
 	expect_int_eq(child_line(&c, line, sizeof(line)), 0);
 	expect_str_eq(line, "sub 1");
 	expect_int_eq(child_wait(&c), 0);
@@ -475,9 +442,9 @@ TEST_BEGIN(test_exporter_exit)
 	char *argv[] = {NULL, "export-exit", NULL};
 	CUipcMemHandle hs, hw;
 	CUdeviceptr p = 0;
-	struct child c;
+	struct ipc_child c;
 
-	spawn(&c, true, NULL, argv);
+	ipc_spawn(&c, true, NULL, argv);
 	expect_int_eq(child_line(&c, sub, sizeof(sub)), 0);
 	expect_int_eq(child_line(&c, whole, sizeof(whole)), 0);
 	expect_int_eq(child_wait(&c), 0);
@@ -501,21 +468,21 @@ TEST_BEGIN(test_registry_full_and_reclaimed)
 	char dir[512], line[64];
 	char *fill_argv[] = {NULL, "fill", "4096", NULL};
 	char *one_argv[] = {NULL, "export1", NULL};
-	struct child filler, one;
+	struct ipc_child filler, one;
 
 	/* A registry of its own, filled by a live exporter: no room. */
 	sub_dir(dir, sizeof(dir), "full");
-	spawn(&filler, true, dir, fill_argv);
+	ipc_spawn(&filler, true, dir, fill_argv);
 	expect_int_eq(child_line(&filler, line, sizeof(line)), 0);
 	expect_str_eq(line, "4096");
-	spawn(&one, true, dir, one_argv);
+	ipc_spawn(&one, true, dir, one_argv);
 	expect_int_eq(child_line(&one, line, sizeof(line)), 0);
 	expect_int_eq(atoi(line), CUDA_ERROR_NOT_SUPPORTED);
 	expect_int_eq(child_wait(&one), 0);
 	/* The filler exits: its slots are reclaimed. */
 	fprintf(filler.in, "exit\n");
 	expect_int_eq(child_wait(&filler), 0);
-	spawn(&one, true, dir, one_argv);
+	ipc_spawn(&one, true, dir, one_argv);
 	expect_int_eq(child_line(&one, line, sizeof(line)), 0);
 	expect_int_eq(atoi(line), CUDA_SUCCESS);
 	expect_int_eq(child_wait(&one), 0);
@@ -526,7 +493,7 @@ TEST_BEGIN(test_registry_file_checked)
 {
 	char dir[512], path[600], line[64];
 	char *one_argv[] = {NULL, "export1", NULL};
-	struct child one;
+	struct ipc_child one;
 	int fd;
 
 	/* Readable by others: not used, exports of sub-blocks refused. */
@@ -536,7 +503,7 @@ TEST_BEGIN(test_registry_file_checked)
 	assert_true(fd >= 0);
 	fchmod(fd, 0644);
 	close(fd);
-	spawn(&one, true, dir, one_argv);
+	ipc_spawn(&one, true, dir, one_argv);
 	expect_int_eq(child_line(&one, line, sizeof(line)), 0);
 	expect_int_eq(atoi(line), CUDA_ERROR_NOT_SUPPORTED);
 	expect_int_eq(child_wait(&one), 0);
@@ -545,7 +512,7 @@ TEST_BEGIN(test_registry_file_checked)
 	sub_dir(dir, sizeof(dir), "link");
 	snprintf(path, sizeof(path), "%s/libemm-ipc-%lu", dir, (unsigned long)geteuid());
 	expect_int_eq(symlink("/dev/null", path), 0);
-	spawn(&one, true, dir, one_argv);
+	ipc_spawn(&one, true, dir, one_argv);
 	expect_int_eq(child_line(&one, line, sizeof(line)), 0);
 	expect_int_eq(atoi(line), CUDA_ERROR_NOT_SUPPORTED);
 	expect_int_eq(child_wait(&one), 0);
