@@ -87,16 +87,9 @@ static CUresult passed_alloc(CUresult r, uint64_t ptr, size_t size, CUstream str
 	return r;
 }
 
-/* A pointer libemm did not hand out, about to reach the driver's free from
- * the code at `caller`: whether a driver component frees it (then it is
- * the driver's own memory, counted with its size), and with EMM_VERBOSE=2
- * what the driver knows of it and who frees it. */
-static void foreign(uint64_t ptr, const void *caller, struct emm_foreign_free *ff)
-{
-	emm_serve_foreign_free_begin(ptr, caller, ff);
-}
-
-/* Account for a free the driver made; ff from foreign() (NULL: unknown). */
+/* Account for a free the driver made. ff: what emm_serve_foreign_free_begin
+ * found of the pointer before the driver's free (whether a driver component
+ * frees it, its size); NULL: an unknown free. */
 static CUresult passed_free(CUresult r, uint64_t ptr, CUstream stream, enum emm_state_counter which,
                             const struct emm_foreign_free *ff)
 {
@@ -128,7 +121,7 @@ EMM_EXPORT CUresult CUDAAPI cuMemFree_v2(CUdeviceptr dptr)
 		return CALL_REAL(cuMemFree_v2, dptr);
 	if (pool_free("cuMemFree", dptr, EMM_STREAM_SYNC, NULL, false, &r))
 		return r;
-	foreign(dptr, __builtin_return_address(0), &ff);
+	emm_serve_foreign_free_begin(dptr, __builtin_return_address(0), &ff);
 	r = CALL_REAL(cuMemFree_v2, dptr);
 	return passed_free(r, dptr, NULL, EMM_COUNT_PASS_FREE, &ff);
 }
@@ -200,7 +193,7 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 		return real(dptr, hStream);
 	if (dptr && emm_state_stream_capturing(hStream, ptsz)) {
 		if (emm_serve_find_block(dptr, &range) != 0) {
-			foreign(dptr, caller, &ff);
+			emm_serve_foreign_free_begin(dptr, caller, &ff);
 			r = real(dptr, hStream);
 			return passed_free(r, dptr, hStream, EMM_COUNT_PASS_FREE, &ff);
 		}
@@ -216,7 +209,7 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 	}
 	if (pool_free("cuMemFreeAsync", dptr, emm_state_stream_key(hStream, ptsz), hStream, false, &r))
 		return r;
-	foreign(dptr, caller, &ff);
+	emm_serve_foreign_free_begin(dptr, caller, &ff);
 	r = real(dptr, hStream);
 	return passed_free(r, dptr, hStream, EMM_COUNT_PASS_FREE, &ff);
 }
@@ -278,7 +271,7 @@ EMM_EXPORT CUresult CUDAAPI cuMemFreeHost(void *p)
 		return CALL_REAL(cuMemFreeHost, p);
 	if (pool_free("cuMemFreeHost", (uint64_t)(uintptr_t)p, EMM_STREAM_SYNC, NULL, true, &r))
 		return r;
-	foreign((uint64_t)(uintptr_t)p, __builtin_return_address(0), &ff);
+	emm_serve_foreign_free_begin((uint64_t)(uintptr_t)p, __builtin_return_address(0), &ff);
 	r = CALL_REAL(cuMemFreeHost, p);
 	return passed_free(r, (uint64_t)(uintptr_t)p, NULL, EMM_COUNT_PASS_HOST_FREE, &ff);
 }
