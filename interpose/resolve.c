@@ -125,19 +125,24 @@ static void *substitute_exported(void *fn, const void *caller)
  * which a library's allocations go past libemm (a name with no shim, or an
  * answer that is not an exact export). dladdr allocates nothing.
  */
+static const char *library_of(const void *addr)
+{
+	Dl_info info;
+
+	return dladdr(addr, &info) && info.dli_fname ? info.dli_fname : "?";
+}
+
 static void *resolved(const char *via, const char *symbol, int version, void *fn, const void *caller)
 {
 	void *out = substitute_exported(fn, caller);
-	Dl_info who, what;
+	Dl_info what;
 
 	if (!emm_log_debug_enabled())
 		return out;
-	if (!dladdr(caller, &who) || !who.dli_fname)
-		who.dli_fname = "?";
 	if (!dladdr(fn, &what) || !what.dli_sname || what.dli_saddr != fn)
 		what.dli_sname = NULL;
 	emm_debug("resolve: %s(\"%s\", %d) from %s: %s%s", via, symbol ? symbol : "(null)", version,
-	          who.dli_fname, what.dli_sname ? what.dli_sname : "not an exported function",
+	          library_of(caller), what.dli_sname ? what.dli_sname : "not an exported function",
 	          out != fn ? " -> libemm's shim" : "");
 	return out;
 }
@@ -175,14 +180,9 @@ static void *dlsym_explicit(void *handle, const char *name, const void *caller)
 		return fn;
 	/* dlsym found the export called `name`; that is its exact name. */
 	out = dlsym_choose(fn, name, caller);
-	if (EMM_UNLIKELY(emm_log_debug_enabled()) && !caller_is_exempt(caller)) {
-		Dl_info who;
-
-		if (!dladdr(caller, &who) || !who.dli_fname)
-			who.dli_fname = "?";
-		emm_debug("resolve: dlsym(\"%s\") from %s%s", name, who.dli_fname,
+	if (EMM_UNLIKELY(emm_log_debug_enabled()) && !caller_is_exempt(caller))
+		emm_debug("resolve: dlsym(\"%s\") from %s%s", name, library_of(caller),
 		          out != fn ? " -> libemm's shim" : "");
-	}
 	return out;
 }
 
