@@ -150,6 +150,12 @@ struct emm_fence_ops {
 	/* True if recording on / querying for `stream` is forbidden now because
 	 * of stream capture (EMM_STREAM_SYNC: is any global capture active). */
 	bool (*capturing)(void *ctx, emm_stream_t stream);
+	/* Optional (NULL: never asked). Has all work enqueued on `stream` (a
+	 * non-blocking stream handle) so far completed? 0: yes, so a marker
+	 * recorded on it now would already be complete; -EBUSY: not yet, or
+	 * not known (a capture forbids asking); other negative errno: failure.
+	 * Closing an epoch records no marker on a stream that answers 0. */
+	int (*stream_idle)(void *ctx, emm_stream_t stream);
 };
 
 /* The live block containing an address. */

@@ -244,12 +244,23 @@ static void fence_enqueue(struct arena *h, struct emm_fence *f)
 
 /*
  * Close the open epoch: one event on the legacy stream and one on each live
- * non-blocking stream. Blocking-class orphans join it (the legacy event
- * orders their destroyed stream's earlier work). Under the lock the epoch
- * is swapped for a new open one and parked on the busy list (its blocks
- * stay pending); the records run with the lock dropped; then it is
- * published. 0 (closed, or nothing to close), -EBUSY (a capture forbids
- * recording: the epoch stays open), or another negative errno.
+ * non-blocking stream that is still busy. Blocking-class orphans join it
+ * (the legacy event orders their destroyed stream's earlier work). Under
+ * the lock the epoch is swapped for a new open one and parked on the busy
+ * list (its blocks stay pending); the queries and records run with the lock
+ * dropped; then it is published. 0 (closed, or nothing to close), -EBUSY (a
+ * capture forbids recording: the epoch stays open), or another negative
+ * errno.
+ *
+ * Idle non-blocking streams: each is asked first (stream_idle, one
+ * cuStreamQuery); one whose work has all completed gets no event, since
+ * everything enqueued on it before the epoch's frees is done already (the
+ * question is asked after them). Only a stream that is busy, or that cannot
+ * be asked, gets one. The legacy event is always recorded: a query of the
+ * legacy stream does not cover the blocking and per-thread streams it
+ * orders, and libemm cannot name them all. The fast path below still needs
+ * no non-blocking stream to exist at all: an idle one skipped here would
+ * reuse the blocks unordered after blocking-stream work still running.
  */
 static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct emm_block **ret_ready);
 
@@ -299,7 +310,7 @@ int emm_heap_close_blocks(struct arena *h, struct emm_block *list, struct emm_bl
 static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct emm_block **ret_ready)
 {
 	struct emm_fence *next_open = NULL;
-	unsigned n, gen, phase, i;
+	unsigned n, m, gen, phase, i;
 	int r = 0;
 
 	if (ep->nblocks == 0 && h->orphans[0]->nblocks == 0)
@@ -341,13 +352,17 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 	phase = emm_heap_inflight_enter(h);
 	arena_unlock_release(h);
 
-	for (i = 0; i < n; i++) {
-		r = fop_record(h, ep->targets[i], &ep->events[i]);
-		if (r)
-			break;
+	/* The in-flight count keeps every stream named here alive (a destroy
+	 * waits for it: emm_heap_stream_destroyed). */
+	m = 0;
+	for (i = 0; i < n && !r; i++) {
+		if (i > 0 && fop_stream_idle(h, ep->targets[i]) == 0)
+			continue;
+		r = fop_record(h, ep->targets[i], &ep->events[m]);
+		m += r == 0;
 	}
 	if (r)
-		for (unsigned j = 0; j < i; j++)
+		for (unsigned j = 0; j < m; j++)
 			fop_release(h, ep->events[j]);
 
 	arena_lock(h);
@@ -361,9 +376,9 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 		fence_put(h, ep);
 		return r;
 	}
-	ep->nevents = n;
+	ep->nevents = m;
 	ep->done = 0;
-	h->st.events_recorded += n;
+	h->st.events_recorded += m;
 	h->st.epochs_closed++;
 	bool can_last = can_set_last_fence(h);
 	if (n == 1 && !h->p.host_accessible && gen == h->nb_gen && can_last) {

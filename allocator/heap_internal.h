@@ -32,6 +32,7 @@
 #ifndef EMM_ALLOCATOR_HEAP_INTERNAL_H
 #define EMM_ALLOCATOR_HEAP_INTERNAL_H
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -110,6 +111,15 @@ static inline int fop_device_synchronize(struct arena *h)
 {
 	FOP_CHECK("device_synchronize");
 	return h->fops.device_synchronize(h->fops.ctx);
+}
+
+/* Not a marker's stream when the op is missing: -EBUSY (record one). */
+static inline int fop_stream_idle(struct arena *h, emm_stream_t s)
+{
+	if (!h->fops.stream_idle)
+		return -EBUSY;
+	FOP_CHECK("stream_idle");
+	return h->fops.stream_idle(h->fops.ctx, s);
 }
 
 /* Garbage taken off an arena under its lock, released after it drops. */

@@ -19,7 +19,11 @@
  * cuMemFreeAsync on a foreign stream) takes its event from that context's
  * pool.
  *
- * Captures: every event record and query passes the capture gate
+ * Closing an epoch first asks each non-blocking stream whether it is idle
+ * (stream_idle: cuStreamQuery) and records on the busy ones only.
+ *
+ * Captures: every event record and query, and every stream query, passes
+ * the capture gate
  * (capture.c), which refuses what an active capture forbids (a record on a
  * capturing stream, anything at all during a global-mode capture) and makes
  * a capture begun meanwhile wait for it; host waits are only checked. The
@@ -366,6 +370,41 @@ static int fence_device_synchronize(void *ctx)
 	return ctx_sync(ctx);
 }
 
+/* Has all work on non-blocking stream `key` completed? One cuStreamQuery,
+ * through the capture gate like an event query (refused: -EBUSY, so the
+ * caller records an event, which the gate refuses in turn). The stream
+ * names its context: none is made current. */
+static int fence_stream_idle(void *ctx, emm_stream_t key)
+{
+	const struct emm_real_driver_table *real = emm_state_real();
+	unsigned phase;
+	CUresult r;
+
+	st_assert_unlocked("cuStreamQuery (a fence op)");
+	(void)ctx;
+	if (emm_state_exiting())
+		return 0; /* record would hand out the null marker */
+	if (!real->cuStreamQuery || !EMM_STREAM_IS_HANDLE(key))
+		return -EBUSY;
+	if (!st_capture_gate_enter(key, &phase))
+		return -EBUSY;
+	r = real->cuStreamQuery(emm_state_stream_handle(key));
+	st_capture_gate_leave(phase);
+	switch (r) {
+	case CUDA_SUCCESS:
+		return 0;
+	case CUDA_ERROR_NOT_READY:
+		return -EBUSY;
+	case CUDA_ERROR_DEINITIALIZED:
+		emm_state_driver_gone();
+		return 0;
+	default:
+		emm_debug("cuStreamQuery on stream %#llx failed (%d): recording an event instead",
+		          (unsigned long long)key, (int)r);
+		return -EIO;
+	}
+}
+
 static bool fence_capturing(void *ctx, emm_stream_t key)
 {
 	(void)ctx;
@@ -382,4 +421,5 @@ void emm_fence_ops_init(struct emm_fence_pool *pool, struct emm_fence_ops *ops)
 	ops->release = fence_release;
 	ops->device_synchronize = fence_device_synchronize;
 	ops->capturing = fence_capturing;
+	ops->stream_idle = fence_stream_idle;
 }

@@ -324,6 +324,7 @@ static void driver_table_init(void)
 	LOAD(cuStreamGetFlags);
 	LOAD(cuStreamWaitEvent);
 	LOAD(cuStreamIsCapturing);
+	LOAD(cuStreamQuery);
 	LOAD(cuStreamBeginCapture_v2);
 	LOAD(cuStreamEndCapture);
 	LOAD(cuEventCreate);

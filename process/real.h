@@ -99,6 +99,7 @@ struct emm_real_driver_table {
 	CUresult (*cuStreamGetFlags)(CUstream, unsigned int *);
 	CUresult (*cuStreamWaitEvent)(CUstream, CUevent, unsigned int);
 	CUresult (*cuStreamIsCapturing)(CUstream, CUstreamCaptureStatus *);
+	CUresult (*cuStreamQuery)(CUstream);
 	CUresult (*cuStreamBeginCapture_v2)(CUstream, CUstreamCaptureMode);
 	CUresult (*cuStreamEndCapture)(CUstream, CUgraph *);
 	CUresult (*cuEventCreate)(CUevent *, unsigned int);

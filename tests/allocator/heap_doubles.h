@@ -15,7 +15,12 @@
  *                if called under an allocator lock (debug builds); an
  *                optional probe runs at the start of every operation
  *                (test-heap-unlocked uses it to see whether a heap lock
- *                is held at that moment).
+ *                is held at that moment); with idle_model on, answers
+ *                stream_idle as a stream query would: idle when no event
+ *                recorded on it is pending and the test has not marked
+ *                it busy (other work running on it); off, every stream
+ *                reads busy (an event recorded on each, as before the
+ *                question existed).
  *
  * Both are thread-safe (one mutex each) for the stress test.
  */
@@ -162,13 +167,17 @@ struct fake_fence {
 	bool capture_sync;           /* a global capture is active */
 	emm_stream_t capture_stream; /* this stream is capturing (0: none) */
 	int fail_record;             /* fail this many records */
+	bool idle_model;             /* answer stream_idle from the model (off: always busy) */
+	int fail_idle;               /* fail this many stream_idle calls with -EIO */
+	emm_stream_t busy[8];        /* streams with work other than events running */
+	unsigned nbusy;
 	struct fake_event *ev;       /* event id = index + 1 */
 	size_t nev, cap;
 	size_t done_upto; /* events with id <= this are complete */
 	size_t max_done;  /* highest id known complete */
 	struct fake_wait waits[256];
 	unsigned nwaits;
-	unsigned records, queries, syncs, device_syncs, releases;
+	unsigned records, queries, syncs, device_syncs, releases, idle_queries;
 	unsigned misuse; /* query/wait/sync on a released or unknown event, double release */
 	/* Called first thing in every operation but `capturing`, outside the
 	 * double's lock, with the operation's name (NULL: none). */
@@ -287,6 +296,60 @@ static inline int fake_device_synchronize(void *ctx)
 	return 0;
 }
 
+static inline int fake_stream_idle(void *ctx, emm_stream_t stream)
+{
+	struct fake_fence *f = ctx;
+	fake_probe(f, "stream_idle");
+	pthread_mutex_lock(&f->lock);
+	int r = 0;
+	f->idle_queries++;
+	/* A query during a capture that forbids it is misuse (the heap must
+	 * not ask then). */
+	if (f->capture_sync || stream == EMM_STREAM_SYNC || stream == f->capture_stream)
+		f->misuse++;
+	if (f->fail_idle > 0) {
+		f->fail_idle--;
+		r = -EIO;
+	} else if (!f->idle_model) {
+		r = -EBUSY;
+	} else {
+		for (unsigned i = 0; i < f->nbusy; i++)
+			if (f->busy[i] == stream)
+				r = -EBUSY;
+		for (size_t i = f->done_upto; i < f->nev && r == 0; i++)
+			if (f->ev[i].stream == stream && !f->ev[i].done)
+				r = -EBUSY;
+	}
+	pthread_mutex_unlock(&f->lock);
+	return r;
+}
+
+/* Mark `stream` busy (work running on it) or idle again. */
+static inline void fake_set_busy(struct fake_fence *f, emm_stream_t stream, bool busy)
+{
+	pthread_mutex_lock(&f->lock);
+	for (unsigned i = 0; i < f->nbusy; i++) {
+		if (f->busy[i] == stream) {
+			f->busy[i] = f->busy[--f->nbusy];
+			break;
+		}
+	}
+	if (busy && f->nbusy < 8)
+		f->busy[f->nbusy++] = stream;
+	pthread_mutex_unlock(&f->lock);
+}
+
+/* Events recorded on `stream` so far (released or not). */
+static inline unsigned fake_records_on(struct fake_fence *f, emm_stream_t stream)
+{
+	unsigned n = 0;
+	pthread_mutex_lock(&f->lock);
+	for (size_t i = 0; i < f->nev; i++)
+		n += f->ev[i].stream == stream;
+	pthread_mutex_unlock(&f->lock);
+	return n;
+}
+
 static inline bool fake_capturing(void *ctx, emm_stream_t stream)
 {
 	struct fake_fence *f = ctx;
@@ -348,6 +411,7 @@ static inline struct emm_fence_ops fake_fence_ops(struct fake_fence *f)
 	    .release = fake_release,
 	    .device_synchronize = fake_device_synchronize,
 	    .capturing = fake_capturing,
+	    .stream_idle = fake_stream_idle,
 	};
 }
 

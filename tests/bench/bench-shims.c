@@ -10,8 +10,9 @@
  *               [--pairs N] [--size BYTES] [--nb-streams N]
  *
  * --nb-streams N creates N idle non-blocking streams first: every epoch
- * close then records 1 + N events and polls them (what closing an epoch
- * costs, in driver calls and instructions, with them alive).
+ * close then asks each of them whether it is idle (cuStreamQuery), records
+ * the legacy event and polls it (what closing an epoch costs, in driver
+ * calls and instructions, with them alive).
  * --pre-size BYTES makes 1000 untimed pairs of that size (same API, legacy
  * stream) before the timed ones: the heap's history, which decides how
  * often a large request finds a completed block (FAKECUDA_EVENT_DELAY=N
@@ -68,7 +69,8 @@ static pthread_barrier_t start; /* the workers' fill done: the clock starts */
 static const char *const counted[] = {
 	"cuCtxGetId", "cuCtxGetCurrent", "cuEventRecord", "cuEventRecordWithFlags", "cuEventQuery",
 	"cuEventCreate", "cuEventDestroy_v2", "cuStreamWaitEvent", "cuMemAlloc_v2", "cuMemFree_v2",
-	"cuStreamGetCaptureInfo_v3", "cuStreamIsCapturing", "cuCtxPushCurrent_v2", "cuCtxPopCurrent_v2",
+	"cuStreamGetCaptureInfo_v3", "cuStreamIsCapturing", "cuStreamQuery", "cuCtxPushCurrent_v2",
+	"cuCtxPopCurrent_v2",
 };
 #define NCOUNTED (sizeof(counted) / sizeof(counted[0]))
 

@@ -6,6 +6,8 @@
 #      LIFO, sync and async, 1/2/4 threads (more if the host has the cores),
 #      and cudaMalloc/cudaMallocAsync through the runtime shims (rt,
 #      rt-async) and, EMM_RUNTIME_SHIMS=0, through cudart to the driver shims;
+#      and what an epoch close costs (EMM_EPOCH_BLOCKS=1: one per free) with
+#      0 and 16 idle non-blocking streams;
 #   2. instructions per pair under callgrind (1 thread), in all and in
 #      libemm.so itself: the difference of
 #      two runs of different lengths over the difference of their pairs,
@@ -28,6 +30,11 @@ for size in 16777216 67108864 268435456; do
 	for api in sync rt async; do
 		"$exe" --pattern lifo --api "$api" --threads 1 --pairs 50000 --size "$size" --nb-streams 1
 	done
+done
+# Epoch closes: every sync free closes one (EMM_EPOCH_BLOCKS=1), with no and
+# with 16 idle non-blocking streams (each asked with cuStreamQuery).
+for nb in 0 16; do
+	EMM_EPOCH_BLOCKS=1 "$exe" --pattern lifo --api sync --threads 1 --pairs 50000 --nb-streams "$nb"
 done
 command -v valgrind >/dev/null || { echo "no valgrind: instructions per pair not measured"; exit 0; }
 irs() { # PATTERN API PAIRS [ARGS...] -> "total libemm" instructions (libemm: its own functions)
@@ -60,4 +67,10 @@ for size in 16777216 67108864; do
 		echo "callgrind lifo $api $size B, 1 idle non-blocking stream: $(( (b - a) / 4000 ))" \
 			"instructions per pair, $(( (bo - ao) / 4000 )) of them in libemm"
 	done
+done
+for nb in 0 16; do
+	read -r a ao < <(EMM_EPOCH_BLOCKS=1 irs lifo sync 2000 --nb-streams "$nb")
+	read -r b bo < <(EMM_EPOCH_BLOCKS=1 irs lifo sync 6000 --nb-streams "$nb")
+	echo "callgrind lifo sync, EMM_EPOCH_BLOCKS=1 (an epoch per free), $nb idle non-blocking streams:" \
+		"$(( (b - a) / 4000 )) instructions per pair, $(( (bo - ao) / 4000 )) of them in libemm"
 done

@@ -72,6 +72,16 @@ static bool tl_deps_done(const struct fake_timeline *tl, uint64_t seq)
 	return true;
 }
 
+/* Whether an event recorded on tl before `seq` is still pending: stream
+ * order, so work `seq` cannot have completed (whatever its own delay). */
+static bool tl_pending_before(const struct fake_timeline *tl, uint64_t seq)
+{
+	for (const struct fake_event *e = tl->pending; e; e = e->pnext)
+		if (e->seq < seq && !tl_done(tl, e->seq))
+			return true;
+	return false;
+}
+
 static void pending_unlink(struct fake_event *e)
 {
 	if (!e->tl)
@@ -668,7 +678,7 @@ static bool event_poll_locked(struct fake_event *e)
 		e->remaining--;
 		return false;
 	}
-	if (!tl_deps_done(tl, e->seq))
+	if (!tl_deps_done(tl, e->seq) || tl_pending_before(tl, e->seq))
 		return false;
 	fake_timeline_complete_locked(tl, e->seq);
 	return true;
@@ -702,7 +712,7 @@ static void event_record_locked(struct fake_event *e, struct fake_stream *s)
 	e->seq = seq;
 	e->remaining = g_fake.event_delay;
 	g_fake.stats.event_records++;
-	if (e->remaining == 0 && tl_deps_done(tl, seq)) {
+	if (e->remaining == 0 && tl_deps_done(tl, seq) && !tl_pending_before(tl, seq)) {
 		fake_timeline_complete_locked(tl, seq);
 		return;
 	}

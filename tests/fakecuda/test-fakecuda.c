@@ -245,6 +245,24 @@ TEST_BEGIN(test_event_order)
 	expect_int_eq(cuEventQuery(b), CUDA_ERROR_NOT_READY);
 	fakecuda_complete_all();
 
+	/* ... but never before the work ahead of it: an event of no delay
+	 * behind a pending one stays pending, and cuStreamQuery answers for
+	 * all of the stream's work (a busy stream stays busy whatever is
+	 * recorded after). */
+	fakecuda_set_event_delay(3);
+	cuEventRecord(a, s1);
+	fakecuda_set_event_delay(0);
+	cuEventRecord(b, s1);
+	expect_int_eq(cuEventQuery(b), CUDA_ERROR_NOT_READY);
+	expect_int_eq(cuStreamQuery(s1), CUDA_ERROR_NOT_READY); /* polls a: 2 left */
+	expect_int_eq(cuEventQuery(a), CUDA_ERROR_NOT_READY);
+	expect_int_eq(cuEventQuery(a), CUDA_ERROR_NOT_READY);
+	expect_int_eq(cuEventQuery(b), CUDA_ERROR_NOT_READY);
+	expect_int_eq(cuEventQuery(a), CUDA_SUCCESS);
+	expect_int_eq(cuEventQuery(b), CUDA_SUCCESS);
+	expect_int_eq(cuStreamQuery(s1), CUDA_SUCCESS);
+	fakecuda_set_event_delay(2);
+
 	/* A waited-for event holds back later work on the waiting stream. */
 	cuEventRecord(a, s1);
 	expect_int_eq(cuStreamWaitEvent(s2, a, 0), CUDA_SUCCESS);

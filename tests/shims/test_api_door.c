@@ -190,18 +190,34 @@ static uint64_t epoch_markers(void)
 
 /* A non-blocking stream that allocates through the door is fenced by the
  * epochs from then on: without the preload libemm learns it at its first
- * allocation (with the preload, at its creation). */
+ * allocation (with the preload, at its creation). An epoch records on it
+ * only while it is busy (idle, cuStreamQuery says its work is done): work
+ * is an event of the test's own that the fake completes only on demand. */
 TEST_BEGIN(test_nonblocking_stream_fenced)
 {
+	void (*set_delay)(unsigned) = (void (*)(unsigned))dlsym(libcuda, "fakecuda_set_event_delay");
+	void (*complete_all)(void) = (void (*)(void))dlsym(libcuda, "fakecuda_complete_all");
+	__typeof__(&cuEventCreate) event_create = SYM(libcuda, cuEventCreate);
+	__typeof__(&cuEventRecord) event_record = SYM(libcuda, cuEventRecord);
+	__typeof__(&cuEventDestroy_v2) event_destroy = SYM(libcuda, cuEventDestroy_v2);
 	CUstream s;
+	CUevent work;
 	void *p = NULL;
 	uint64_t before = epoch_markers();
 
+	assert_true(set_delay && complete_all && event_create && event_record && event_destroy);
 	expect_u64_eq(before, 1); /* the legacy stream only */
 	assert_int_eq(cu.stream_create(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	assert_int_eq(api.device_alloc(4096, 0, (struct CUstream_st *)s, &p), 0);
 	expect_int_eq(api.device_free(p, 0, (struct CUstream_st *)s), 0);
-	expect_u64_eq(epoch_markers(), 2); /* and one on the new stream */
+	expect_u64_eq(epoch_markers(), 1); /* s is idle */
+	assert_int_eq(event_create(&work, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+	set_delay(1000000);
+	assert_int_eq(event_record(work, s), CUDA_SUCCESS);
+	expect_u64_eq(epoch_markers(), 2); /* and one on the busy stream */
+	set_delay(0);
+	complete_all();
+	expect_int_eq(event_destroy(work), CUDA_SUCCESS);
 	/* The stream is left alive, as PyTorch's are. */
 }
 TEST_END

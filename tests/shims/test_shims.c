@@ -325,14 +325,34 @@ static void free_and_close_epoch(CUdeviceptr big)
 		assert_int_eq(cuMemFree(small[i]), CUDA_SUCCESS);
 }
 
+/* Make s busy (cuStreamQuery: not ready) until busy_end: an event of the
+ * test's own that completes only when synchronized. */
+static void busy_begin(CUstream s, CUevent *work)
+{
+	assert_int_eq(cuEventCreate(work, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+	fakecuda_set_event_delay(1000000);
+	assert_int_eq(cuEventRecord(*work, s), CUDA_SUCCESS);
+	fakecuda_set_event_delay(0);
+}
+
+static void busy_end(CUevent work)
+{
+	assert_int_eq(cuEventSynchronize(work), CUDA_SUCCESS);
+	assert_int_eq(cuEventDestroy(work), CUDA_SUCCESS);
+}
+
 TEST_BEGIN(test_fence_blocks_reuse_until_events_complete)
 {
 	CUstream s;
+	CUevent work;
 	CUdeviceptr a, b, c;
 	struct emm_stats st0, st1;
 
 	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	/* Work runs on s (an idle stream would get no marker). */
+	assert_int_eq(cuEventCreate(&work, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
 	fakecuda_set_event_delay(1000000);
+	assert_int_eq(cuEventRecord(work, s), CUDA_SUCCESS);
 	assert_int_eq(shims_stats(-1, &st0), 0);
 	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
 	free_and_close_epoch(a);
@@ -351,6 +371,7 @@ TEST_BEGIN(test_fence_blocks_reuse_until_events_complete)
 	expect_true(st1.events_recorded >= st0.events_recorded + 2); /* legacy + s */
 	fakecuda_set_event_delay(0);
 	fakecuda_complete_all();
+	assert_int_eq(cuEventDestroy(work), CUDA_SUCCESS);
 	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 TEST_END
@@ -361,19 +382,26 @@ TEST_BEGIN(test_failed_stream_destroy_keeps_stream)
 {
 	struct emm_stats st0, st1;
 	CUstream s;
+	CUevent work;
 	CUdeviceptr a;
+	uint64_t queries;
 
 	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	assert_int_eq(fakecuda_fail_next_call("cuStreamDestroy_v2", CUDA_ERROR_INVALID_HANDLE, 1), 0);
 	expect_int_eq(cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
-	/* s lives on: every epoch closed now records a marker on it as well as
-	 * on the legacy stream (the only non-blocking stream alive is s). */
+	/* s lives on: every epoch closed now asks it (cuStreamQuery) and, s
+	 * being busy, records a marker on it as well as on the legacy stream
+	 * (the only non-blocking stream alive is s). */
+	busy_begin(s, &work);
 	assert_int_eq(shims_stats(-1, &st0), 0);
+	queries = fakecuda_calls("cuStreamQuery");
 	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
 	free_and_close_epoch(a);
 	assert_int_eq(shims_stats(-1, &st1), 0);
 	expect_true(st1.epochs_closed > st0.epochs_closed);
 	expect_u64_eq(st1.events_recorded - st0.events_recorded, 2 * (st1.epochs_closed - st0.epochs_closed));
+	expect_u64_eq(fakecuda_calls("cuStreamQuery") - queries, st1.epochs_closed - st0.epochs_closed);
+	busy_end(work);
 	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 	/* Destroyed for real: forgotten, the legacy marker alone. */
 	assert_int_eq(shims_stats(-1, &st0), 0);

@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/shims/test_shims_epochs.c - what closing an epoch costs with live
+ * non-blocking streams, through the shims over the test-double driver (run
+ * with LD_PRELOAD=libemm.so, LD_LIBRARY_PATH=<fakecuda> and
+ * EMM_EPOCH_BLOCKS=1: every synchronous free closes an epoch). Each
+ * non-blocking stream is asked first (cuStreamQuery); the fake answers from
+ * its event model (a stream is idle once every event recorded on it has
+ * completed), so a stream is made busy here by recording an event of the
+ * test's own on it with a long completion delay.
+ *
+ *   - idle streams: one cuStreamQuery each and no event per close, the
+ *     legacy event alone, and the blocks still wait for it;
+ *   - a busy stream gets its event, and the blocks wait for it after the
+ *     legacy one has completed;
+ *   - during a global-mode capture no stream is queried (and the capture
+ *     stays valid); the epoch closes after it.
+ */
+#include "emm_test.h"
+#include "shims_common.h"
+
+#define BIG    ((size_t)32 << 20) /* a segment each: reuse shows as the address */
+#define NSTREAMS 16
+
+TEST_BEGIN(test_idle_streams_get_no_event)
+{
+	enum { PAIRS = 100 };
+	CUstream s[NSTREAMS];
+	CUdeviceptr d;
+	struct emm_stats st, dst;
+	struct fakecuda_stats f0, f1;
+
+	for (int i = 0; i < NSTREAMS; i++)
+		assert_int_eq(cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(shims_stats(-1, &st), 0);
+	f0 = fake_stats();
+	for (int i = 0; i < PAIRS; i++) {
+		assert_int_eq(cuMemAlloc(&d, 64 << 10), CUDA_SUCCESS);
+		assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
+	}
+	f1 = fake_stats();
+	shims_stats_since(&st, &dst);
+	fprintf(stderr, "%llu closes: %llu event records, %llu stream queries, %llu event queries\n",
+	        (unsigned long long)dst.epochs_closed, (unsigned long long)(f1.event_records - f0.event_records),
+	        (unsigned long long)(f1.stream_queries - f0.stream_queries),
+	        (unsigned long long)(f1.event_queries - f0.event_queries));
+	expect_u64_eq(dst.epochs_closed, PAIRS);
+	expect_u64_eq(f1.event_records - f0.event_records, dst.epochs_closed);
+	expect_u64_eq(dst.events_recorded, dst.epochs_closed);
+	expect_u64_eq(f1.stream_queries - f0.stream_queries, NSTREAMS * dst.epochs_closed);
+	for (int i = 0; i < NSTREAMS; i++)
+		assert_int_eq(cuStreamDestroy(s[i]), CUDA_SUCCESS);
+}
+TEST_END
+
+/* Idle non-blocking stream, legacy event incomplete: the block waits. */
+TEST_BEGIN(test_idle_stream_blocks_wait_for_legacy_event)
+{
+	CUstream s;
+	CUdeviceptr a, b, c;
+	struct emm_stats st, dst;
+
+	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	fakecuda_set_event_delay(1000000);
+	assert_int_eq(shims_stats(-1, &st), 0);
+	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&b, BIG), CUDA_SUCCESS);
+	expect_true(b != a);
+	shims_stats_since(&st, &dst);
+	expect_u64_eq(dst.epochs_closed, 1);
+	expect_u64_eq(dst.events_recorded, 1);
+	/* The legacy stream's work done: a comes back. */
+	assert_int_eq(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&c, BIG), CUDA_SUCCESS);
+	expect_u64_eq(c, a);
+	assert_int_eq(cuMemFree(c), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	fakecuda_set_event_delay(0);
+	fakecuda_complete_all();
+	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+TEST_END
+
+TEST_BEGIN(test_busy_stream_gets_event)
+{
+	CUstream busy, idle;
+	CUevent work;
+	CUdeviceptr a, b, c, d;
+	struct emm_stats st, dst;
+	struct fakecuda_stats f0, f1;
+
+	assert_int_eq(cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuStreamCreate(&idle, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuEventCreate(&work, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+	fakecuda_set_event_delay(1000000);
+	/* "Work" on busy: an event that completes only when synchronized. */
+	assert_int_eq(cuEventRecord(work, busy), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
+	assert_int_eq(shims_stats(-1, &st), 0);
+	f0 = fake_stats();
+	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	f1 = fake_stats();
+	shims_stats_since(&st, &dst);
+	expect_u64_eq(dst.epochs_closed, 1);
+	expect_u64_eq(dst.events_recorded, 2); /* legacy + busy */
+	expect_u64_eq(f1.event_records - f0.event_records, 2);
+	expect_u64_eq(f1.stream_queries - f0.stream_queries, 2);
+	/* Neither event complete: a stays out of reach. */
+	assert_int_eq(cuMemAlloc(&b, BIG), CUDA_SUCCESS);
+	expect_true(b != a);
+	/* The legacy event completes; busy's does not: still out of reach. */
+	assert_int_eq(cuStreamSynchronize(NULL), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&c, BIG), CUDA_SUCCESS);
+	expect_true(c != a);
+	/* busy's work done: a comes back. */
+	assert_int_eq(cuStreamSynchronize(busy), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&d, BIG), CUDA_SUCCESS);
+	expect_u64_eq(d, a);
+	assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(c), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	fakecuda_set_event_delay(0);
+	fakecuda_complete_all();
+	assert_int_eq(cuEventDestroy(work), CUDA_SUCCESS);
+	assert_int_eq(cuStreamDestroy(idle), CUDA_SUCCESS);
+	assert_int_eq(cuStreamDestroy(busy), CUDA_SUCCESS);
+}
+TEST_END
+
+TEST_BEGIN(test_global_capture_queries_no_stream)
+{
+	CUstream cap, idle;
+	CUdeviceptr a;
+	CUgraph graph = NULL;
+	struct emm_stats st, dst;
+	struct fakecuda_stats f0, f1;
+
+	assert_int_eq(cuStreamCreate(&cap, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuStreamCreate(&idle, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
+	assert_int_eq(shims_stats(-1, &st), 0);
+	f0 = fake_stats();
+	assert_int_eq(cuStreamBeginCapture(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	f1 = fake_stats();
+	expect_u64_eq(f1.stream_queries - f0.stream_queries, 0);
+	expect_u64_eq(f1.event_records - f0.event_records, 0);
+	expect_u64_eq(f1.fence_calls_in_global_capture - f0.fence_calls_in_global_capture, 0);
+	expect_u64_eq(f1.capture_violations - f0.capture_violations, 0);
+	expect_int_eq(cuStreamEndCapture(cap, &graph), CUDA_SUCCESS);
+	f1 = fake_stats();
+	expect_u64_eq(f1.captures_invalidated - f0.captures_invalidated, 0);
+	if (graph)
+		expect_int_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+	/* After it the epoch closes (at the capture's end or the next free),
+	 * asking both streams. */
+	assert_int_eq(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	f1 = fake_stats();
+	shims_stats_since(&st, &dst);
+	expect_true(dst.epochs_closed >= 1);
+	expect_true(f1.stream_queries - f0.stream_queries >= 2);
+	assert_int_eq(cuStreamDestroy(idle), CUDA_SUCCESS);
+	assert_int_eq(cuStreamDestroy(cap), CUDA_SUCCESS);
+}
+TEST_END
+
+int main(void)
+{
+	(void)shims_setup();
+	return emm_test_run(test_idle_streams_get_no_event, test_idle_stream_blocks_wait_for_legacy_event,
+	                    test_busy_stream_gets_event, test_global_capture_queries_no_stream, NULL);
+}
