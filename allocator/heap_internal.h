@@ -67,6 +67,17 @@ static inline void arena_lock(struct arena *h)
 #endif
 }
 
+/* Lock h if no other thread holds it: true when locked. */
+static inline bool arena_trylock(struct arena *h)
+{
+	if (pthread_mutex_trylock(&h->lock))
+		return false;
+#ifndef NDEBUG
+	emm_heap_lock_depth++;
+#endif
+	return true;
+}
+
 static inline void arena_unlock(struct arena *h)
 {
 #ifndef NDEBUG
