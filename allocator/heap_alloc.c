@@ -38,6 +38,15 @@ static int grow_segment(struct arena *h, unsigned pool, size_t seg_size, size_t 
 	return r;
 }
 
+/* The open epoch holds a block that could serve `rounded` and has seen
+ * half its quota of frees (see emm_heap_alloc_slow). Lock held. */
+static inline bool epoch_pressure(const struct arena *h, unsigned pool, size_t rounded)
+{
+	const struct emm_fence *ep = h->open;
+
+	return ep->max_size[pool] >= rounded && ep->nblocks >= (h->p.epoch_max_blocks + 1) / 2;
+}
+
 /*
  * Before reserving more: a ready block of another arena that serves the
  * request. PyTorch's caching allocator keeps one pool per device, and a
@@ -68,7 +77,18 @@ static bool take_other_arena(struct arena *h, unsigned pool, size_t rounded, siz
 		struct arena *a = heap->arenas[(self + k) & (heap->narenas - 1)];
 		if (!arena_trylock(a))
 			continue;
+		/* Its completed fences and its open epoch under pressure too,
+		 * as for our own: an arena does both only on its own misses,
+		 * and the thread that freed may not allocate for a while (the
+		 * forward pass's frees, wanted by the backward's allocations). */
+		if (a->fq_head)
+			emm_heap_poll_fences(a);
 		b = find_block(a, pool, rounded, stream);
+		if (!b && epoch_pressure(a, pool, rounded) && emm_heap_close_epoch(a) == 0) {
+			if (a->fq_head)
+				emm_heap_poll_fences(a);
+			b = find_block(a, pool, rounded, stream);
+		}
 		if (b && !b->seg->unmapped) { /* pages to map: that arena's own business */
 			a->st.hits++;
 			emm_pool_take_block(a, b, rounded, size, stream);
@@ -100,9 +120,7 @@ int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t s
 	 * the default 32, measured on the H200), while the memory parked in an
 	 * open epoch stays bounded by half the quota. */
 	emm_tcache_pressure_locked(h, rounded);
-	struct emm_fence *ep = h->open;
-	if (ep->max_size[pool] >= rounded && ep->nblocks >= (h->p.epoch_max_blocks + 1) / 2 &&
-	    emm_heap_close_epoch(h) == 0) {
+	if (epoch_pressure(h, pool, rounded) && emm_heap_close_epoch(h) == 0) {
 		if ((b = find_block(h, pool, rounded, stream)))
 			goto hit;
 		if (h->fq_head && emm_heap_poll_fences(h) && (b = find_block(h, pool, rounded, stream)))

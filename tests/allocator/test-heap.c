@@ -1105,8 +1105,9 @@ static void *borrow_thread(void *arg)
 	if (!j->other_arena)
 		return NULL;
 	j->rc = emm_heap_alloc(j->h, 4 * KIB, 0, &j->small);
+	/* 12 MiB fits only once arena 0 polls its completed fence. */
 	if (!j->rc)
-		j->rc = emm_heap_alloc(j->h, 8 * MIB, 0, &j->large);
+		j->rc = emm_heap_alloc(j->h, 12 * MIB, 0, &j->large);
 	j->after_borrow = heap_stats(j->h);
 	/* Nothing in arena 0 fits 30 MiB: a segment of this thread's arena,
 	 * freed on a stream (ready at once under its key), then served again
@@ -1128,6 +1129,15 @@ TEST_BEGIN(test_arenas_borrow)
 	assert_ptr_not_null(h);
 	emm_addr_t s = xalloc(h, 4 * KIB, 0);
 	emm_addr_t l = xalloc(h, 4 * MIB, 0); /* a 20 MiB segment: 16 MiB ready */
+	emm_addr_t f = xalloc(h, 8 * MIB, 0); /* then 8 MiB ready */
+	/* f's free waits for its fence (a non-blocking stream exists: no
+	 * fast path), complete but not yet polled by arena 0 when the other
+	 * thread misses. */
+	emm_heap_stream_created(h, NB1, true);
+	xfree(f, 0);
+	expect_int_eq(emm_heap_flush(h), 0);
+	expect_u64_eq(heap_stats(h).pending_bytes, 8 * MIB);
+	fake_complete(&fence, 0);
 	struct borrow_job j = {.h = h, .not_this = emm_heap_thread_arena(h)};
 	for (int i = 0; i < 4 && !j.other_arena; i++) {
 		pthread_t t;
@@ -1164,10 +1174,59 @@ TEST_BEGIN(test_arenas_borrow)
 	fake_complete(&fence, 0);
 	expect_int_eq(emm_heap_flush(h), 0);
 	expect_u64_eq(heap_stats(h).pending_bytes, 0);
+	emm_heap_stream_destroyed(h, NB1);
 	CHECKH(h);
 	/* Arena 0's two idle segments; the 30 MiB one stays ready for S1. */
 	expect_int_eq(emm_heap_release_idle(h, 0), 22 * MIB);
 	expect_u64_eq(heap_stats(h).reserved_bytes, 30 * MIB);
+	teardown(h);
+}
+TEST_END
+
+/* The other arena's open epoch under pressure (half its quota of frees,
+ * a block that fits) is closed for the miss, as the thread's own would be. */
+static void *borrow_pressed(void *arg)
+{
+	struct borrow_job *j = arg;
+
+	j->other_arena = emm_heap_thread_arena(j->h) != j->not_this;
+	if (!j->other_arena)
+		return NULL;
+	j->rc = emm_heap_alloc(j->h, 12 * MIB, 0, &j->large);
+	j->after_borrow = heap_stats(j->h);
+	return NULL;
+}
+
+TEST_BEGIN(test_arenas_borrow_epoch)
+{
+	struct emm_heap_params p = defaults(); /* quota 16: pressure at 8 */
+	p.arenas = 2;
+	p.epoch_max_bytes = 1024 * MIB;
+	emm_heap_t *h = setup(&p, true, SIZE_MAX);
+	assert_ptr_not_null(h);
+	emm_addr_t x[8];
+	for (int i = 0; i < 8; i++)
+		x[i] = xalloc(h, 12 * MIB, 0); /* a 12 MiB segment each, nothing left over */
+	for (int i = 0; i < 8; i++)
+		xfree(x[i], 0);
+	expect_u64_eq(heap_stats(h).pending_bytes, 96 * MIB); /* arena 0's open epoch */
+	struct borrow_job j = {.h = h, .not_this = emm_heap_thread_arena(h)};
+	for (int i = 0; i < 4 && !j.other_arena; i++) {
+		pthread_t t;
+		assert_int_eq(pthread_create(&t, NULL, borrow_pressed, &j), 0);
+		pthread_join(t, NULL);
+	}
+	assert_true(j.other_arena);
+	assert_int_eq(j.rc, 0);
+	expect_u64_eq(j.after_borrow.segments, 8);
+	expect_u64_eq(j.after_borrow.reserved_bytes, 96 * MIB);
+	expect_u64_eq(j.after_borrow.epochs_closed, 1);
+	expect_u64_eq(j.after_borrow.pending_bytes, 0); /* the fast path: ready at once */
+	struct emm_block_range r;
+	assert_int_eq(emm_heap_find_block(j.large, &r), 0);
+	expect_u64_eq(r.segment_size, 12 * MIB);
+	xfree(j.large, 0);
+	CHECKH(h);
 	teardown(h);
 }
 TEST_END
@@ -1179,5 +1238,6 @@ int main(void)
 	                    test_epoch_nonblocking, test_epoch_bytes, test_epoch_pressure, test_epoch_capture,
 	                    test_stream_destroy, test_strict_mode, test_stream_mode, test_no_fence_ops,
 	                    test_oom_retry, test_release_threshold, test_release_idle, test_bad_frees,
-	                    test_find_block, test_destroy_forget, test_arenas, test_arenas_borrow, NULL);
+	                    test_find_block, test_destroy_forget, test_arenas, test_arenas_borrow,
+	                    test_arenas_borrow_epoch, NULL);
 }
