@@ -116,7 +116,8 @@ static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t si
 	if (r)
 		return r;
 insert:
-	return publish(h, b, addr, stream, ret_addr);
+	/* The miss path may have taken b from another arena: b's own. */
+	return publish(b->seg->arena, b, addr, stream, ret_addr);
 }
 
 int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_t *ret_addr)

@@ -68,6 +68,17 @@ static inline void arena_lock(struct arena *h)
 #endif
 }
 
+/* Lock h if no other thread holds it: true when locked. */
+static inline bool arena_trylock(struct arena *h)
+{
+	if (pthread_mutex_trylock(&h->lock))
+		return false;
+#ifndef NDEBUG
+	emm_heap_lock_depth++;
+#endif
+	return true;
+}
+
 static inline void arena_unlock(struct arena *h)
 {
 #ifndef NDEBUG
@@ -306,8 +317,9 @@ static inline bool f_capturing(struct arena *h, emm_stream_t s)
 
 /* --- heap_alloc.c: the allocation miss path ------------------------------- */
 
-/* The miss path: completed fences, epoch pressure, stealing, growing in
- * place or a new segment, the OOM retry; the block taken (live) in *ret.
+/* The miss path: completed fences, epoch pressure, stealing, a ready block
+ * of another arena (then *ret is that arena's), growing in place or a new
+ * segment, the OOM retry; the block taken (live) in *ret.
  * Lock held, dropped around fence ops and the source. */
 int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
                         struct emm_block **ret);

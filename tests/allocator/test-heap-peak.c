@@ -26,6 +26,8 @@ enum { THREADS = 4, BLOCKS = 8 };
 static struct fake_src src;
 static struct fake_fence fence;
 
+static size_t small_segment; /* 0: the default */
+
 static emm_heap_t *setup(unsigned arenas)
 {
 	struct emm_heap_params p;
@@ -33,6 +35,8 @@ static emm_heap_t *setup(unsigned arenas)
 
 	emm_heap_params_default(&p);
 	p.arenas = arenas;
+	if (small_segment)
+		p.small_segment = small_segment;
 	p.thread_cache = false;
 	if (fake_heap_create(&p, &src, 1024 * MIB, &fence, &h))
 		return NULL;
@@ -181,10 +185,14 @@ TEST_END
 
 /* Threads one after another, each on its own arena: the arenas' peaks do
  * not add up and nothing was flushed, so the peak is an upper bound with
- * its error labelled, and the truth lies within it. */
+ * its error labelled, and the truth lies within it. Each thread's blocks
+ * fill a segment and wait for their fence when the next thread runs, so
+ * no thread can take another arena's ready block on a miss. */
 TEST_BEGIN(test_threads_in_turn_bounded)
 {
+	small_segment = BLOCKS * BLOCK;
 	emm_heap_t *h = setup(THREADS);
+	small_segment = 0;
 	static struct job j = {.size = BLOCK};
 	pthread_t t;
 	struct emm_stats st;

@@ -25,6 +25,7 @@ run() {
 	[ "$rc" -eq "$want" ]
 }
 has() { grep -q -- "$1" "$tmp/out"; }
+peak_of() { sed -n 's/^peak reserved .*(\([0-9]*\) B).*/\1/p' "$tmp/out"; }
 
 if run 0 "$D/synthetic-train.csv" && has '^peak allocated ' && has '^peak reserved ' &&
 	has '^fragmentation ' && has '^backend calls ' && has '^ops/s ' && has '4 threads' &&
@@ -128,12 +129,24 @@ if run 0 --min-capacity "$D/cupy-pool-off.csv" && has '^minimum capacity'; then
 	else bad "--min-capacity on cupy-pool-off.csv ($cap)"; fi
 else bad "--min-capacity on cupy-pool-off.csv"; fi
 
+# The training trace has two threads (PyTorch's main thread runs the
+# forward pass, its autograd thread the backward), each on its own arena: a
+# miss takes the other arena's ready block before reserving more, so the
+# peak reserved is one pool's (EMM_ARENAS=1, 7071596544 B when written;
+# 8308916224 B with an arena's peak each), and the same as a model of
+# PyTorch's caching allocator (tests/data/torch-caching-model.py) gives.
+if run 0 "$D/pytorch-train.csv" && has '2 threads' && two=$(peak_of) &&
+	EMM_ARENAS=1 run 0 "$D/pytorch-train.csv" && one=$(peak_of) &&
+	torch=$(python3 "$D/torch-caching-model.py" "$D/pytorch-train.csv" --peak) &&
+	[ -n "$two" ] && [ -n "$one" ] && [ "$two" -le "$one" ] && [ "$one" = "$torch" ]; then
+	ok "two threads reserve one pool's peak ($two B; one arena: $one B; PyTorch's model: $torch B)"
+else bad "two threads' peak ($two B), one arena's ($one B), PyTorch's model ($torch B)"; fi
+
 # EMM_BACKEND=vmm replays on a simulated page-granular device: pages are
 # grown, given back and mapped again (the "pages" line), and holding the
 # mapped bytes at their high-water mark (EMM_HOLD_PEAK, on by default)
 # keeps the training trace's peak below what it is without (6568280064 B
 # off, 5995757568 B on when written) and below the driver backend's.
-peak_of() { sed -n 's/^peak reserved .*(\([0-9]*\) B).*/\1/p' "$tmp/out"; }
 if EMM_BACKEND=vmm EMM_HOLD_PEAK=off run 0 "$D/pytorch-train.csv" && has '^pages .* grows' && off=$(peak_of) &&
 	EMM_BACKEND=vmm run 0 "$D/pytorch-train.csv" && has '^pages .* unmaps' && on=$(peak_of) &&
 	run 0 "$D/pytorch-train.csv" && drv=$(peak_of) &&
