@@ -123,6 +123,16 @@ EMM_EXPORT void emm_free(void *ptr, size_t size, int device, struct CUstream_st 
 	(void)emm_device_free(ptr, device, stream);
 }
 
+EMM_EXPORT void *emm_param_alloc(struct CUstream_st *stream, size_t size, int device)
+{
+	return emm_alloc(size, device, stream);
+}
+
+EMM_EXPORT void emm_param_free(struct CUstream_st *stream, void *ptr, int device)
+{
+	(void)emm_device_free(ptr, device, stream);
+}
+
 EMM_EXPORT int emm_host_alloc(size_t size, unsigned int flags, void **ret_ptr)
 {
 	return emm_api_host_alloc(size, flags, ret_ptr);

@@ -196,6 +196,15 @@ int emm_device_free(void *ptr, int device, struct CUstream_st *stream);
 void *emm_alloc(size_t size, int device, struct CUstream_st *stream);
 void emm_free(void *ptr, size_t size, int device, struct CUstream_st *stream);
 
+/* CuPy's CFunctionAllocator signatures (a `param` pointer first), the stream
+ * as the param: emm_param_alloc(stream, size, device) is emm_alloc(size,
+ * device, stream), emm_param_free(stream, ptr, device) is emm_device_free.
+ *   cupy.cuda.memory.CFunctionAllocator(stream, emm_param_alloc, emm_param_free, owner)
+ * NULL on failure, and CuPy does not check it: python/emm/cupy.py calls its
+ * malloc from Python and turns a NULL into CuPy's OutOfMemoryError. */
+void *emm_param_alloc(struct CUstream_st *stream, size_t size, int device);
+void emm_param_free(struct CUstream_st *stream, void *ptr, int device);
+
 /* Pinned host memory (cuMemHostAlloc flags; 0 for cuMemAllocHost's), from
  * the pinned caches, in the current context (device 0's primary context
  * when none is current). Errors as emm_device_alloc. */

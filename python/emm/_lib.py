@@ -63,6 +63,8 @@ PROTOTYPES = {
     "emm_device_free": (ctypes.c_int, [_vp, ctypes.c_int, _vp]),
     "emm_alloc": (_vp, [_sz, ctypes.c_int, _vp]),
     "emm_free": (None, [_vp, _sz, ctypes.c_int, _vp]),
+    "emm_param_alloc": (_vp, [_vp, _sz, ctypes.c_int]),
+    "emm_param_free": (None, [_vp, _vp, ctypes.c_int]),
     "emm_host_alloc": (ctypes.c_int, [_sz, ctypes.c_uint, ctypes.POINTER(_vp)]),
     "emm_host_free": (ctypes.c_int, [_vp]),
     "emm_mem_info": (ctypes.c_int, [ctypes.c_int, ctypes.POINTER(_sz), ctypes.POINTER(_sz)]),

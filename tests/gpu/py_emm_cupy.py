@@ -7,7 +7,10 @@ null stream and on a blocking stream, with pinned-memory asynchronous copies.
 Results must be identical between the two allocators, libemm's counters must
 show it served the device and pinned allocations of the emm rounds, and the
 time of each round is printed (ratio CuPy pool / libemm; a measurement, not
-a pass condition)."""
+a pass condition). Each round times every door emm.cupy offers on this CuPy
+("c": CFunctionAllocator, "python": PythonFunctionAllocator, "object": the
+first door; python/emm/cupy.py), the default one first; the CUPY-DOOR line
+is the default door's."""
 import os
 import sys
 import time
@@ -66,30 +69,52 @@ def timed(seed):
     return res, time.perf_counter() - t
 
 
+def hooks():
+    """The doors this CuPy offers, the one use() takes by default first (emm/cupy.py)."""
+    default = emm.cupy.use()
+    emm.cupy.unuse()
+    out = [default]
+    for h in emm.cupy.HOOKS:
+        if h != default:
+            try:
+                emm.cupy.use(hook=h)
+                out.append(h)
+            except ValueError:
+                pass
+            emm.cupy.unuse()
+    return out
+
+
 def test_emm_vs_pool():
-    ratios = []
+    doors = hooks()
+    print("emm.cupy doors: %s (default %s)" % (" ".join(doors), doors[0]), flush=True)
+    ratios = {h: [] for h in doors}
     ref = None
     for r in range(3):
         emm.cupy.unuse()
         res_pool, t_pool = timed(100)
-        a = case.snap()
-        emm.cupy.use()
-        res_emm, t_emm = timed(100)
-        b = case.snap()
-        emm.cupy.unuse()
         ref = ref or res_pool
         case.check(res_pool == ref, "round %d: CuPy's pool gave other results than round 0" % r)
-        case.check(res_emm == ref, "round %d: libemm gave %s, CuPy's pool %s" % (r, res_emm, ref))
-        dev = b[DEVICE]["allocs"] - a[DEVICE]["allocs"]
-        pin = b[PINNED]["allocs"] - a[PINNED]["allocs"]
-        case.made += dev + pin
-        case.check(dev > 500, "round %d: libemm served %d device allocations" % (r, dev))
-        # 3 pinned buffers per workload (the staging one and one per stream), 5 workloads
-        case.check(pin >= 15, "round %d: libemm served %d pinned allocations, want 15" % (r, pin))
-        ratios.append(t_pool / t_emm)
-        print("round %d: CuPy pool %.3f s, libemm %.3f s (pool/libemm %.2fx); libemm device +%d pinned +%d"
-              % (r, t_pool, t_emm, t_pool / t_emm, dev, pin), flush=True)
-    print("CUPY-DOOR speed pool/libemm per round: %s" % " ".join("%.2f" % x for x in ratios), flush=True)
+        for h in doors:
+            a = case.snap()
+            case.check(emm.cupy.use(hook=h) == h, "round %d: door %s taken" % (r, h))
+            res_emm, t_emm = timed(100)
+            b = case.snap()
+            emm.cupy.unuse()
+            case.check(res_emm == ref, "round %d, door %s: libemm gave %s, CuPy's pool %s" % (r, h, res_emm, ref))
+            dev = b[DEVICE]["allocs"] - a[DEVICE]["allocs"]
+            pin = b[PINNED]["allocs"] - a[PINNED]["allocs"]
+            case.made += dev + pin
+            case.check(dev > 500, "round %d, door %s: libemm served %d device allocations" % (r, h, dev))
+            # 3 pinned buffers per workload (the staging one and one per stream), 5 workloads
+            case.check(pin >= 15, "round %d, door %s: libemm served %d pinned allocations, want 15" % (r, h, pin))
+            ratios[h].append(t_pool / t_emm)
+            print("round %d: CuPy pool %.3f s, libemm door %s %.3f s (pool/libemm %.2fx); libemm device +%d pinned +%d"
+                  % (r, t_pool, h, t_emm, t_pool / t_emm, dev, pin), flush=True)
+    print("CUPY-DOOR speed pool/libemm per round: %s" % " ".join("%.2f" % x for x in ratios[doors[0]]), flush=True)
+    for h in doors:
+        print("CUPY-DOOR %s speed pool/libemm per round: %s" % (h, " ".join("%.2f" % x for x in ratios[h])),
+              flush=True)
 
 
 case.run(test_emm_vs_pool)

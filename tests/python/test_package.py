@@ -196,21 +196,7 @@ def adapters():
         check(emm.torch.memory_stats(0)["live_blocks"] == live, "torch free")
     import cupy
     if getattr(cupy, "STUB", False):
-        import emm.cupy
-        emm.cupy.use()
-        live = emm.stats()["live_blocks"]
-        mp = cupy.cuda.allocator(5000)
-        check(mp.ptr and mp.mem.size == 5000 and emm.stats()["live_blocks"] == live + 1, "cupy malloc")
-        del mp
-        gc.collect()
-        check(emm.stats()["live_blocks"] == live, "cupy block freed with its last reference")
-        check(cupy.cuda.allocator(0).ptr == 0, "cupy 0 bytes")
-        pp = cupy.cuda.pinned_allocator(7000)
-        check(pp.ptr and emm.stats(-2)["live_blocks"] == 1, "cupy pinned")
-        del pp
-        gc.collect()
-        check(emm.stats(-2)["live_blocks"] == 0, "cupy pinned freed")
-        check(raises(lambda: cupy.cuda.allocator(1 << 30), MemoryError), "cupy OOM")
+        cupy_adapter(cupy)
     import numba
     if getattr(numba, "STUB", False):
         import emm.numba
@@ -243,6 +229,68 @@ def adapters():
             check(e.code == 2, "numba OOM code")
         m.reset()
         check(m.resets == 1, "numba reset")
+
+
+def cupy_hook(cupy, hook):
+    """One door of emm.cupy over the stand-in CuPy: served, freed, 0 bytes, out of memory, other errors."""
+    import emm
+    import emm.cupy
+    check(emm.cupy.use(hook=hook) == hook and emm.cupy.hook == hook, f"cupy hook {hook} taken")
+    live, s0 = emm.stats()["live_blocks"], emm.stats()
+    mp = cupy.cuda.allocator(5000)
+    check(mp.ptr and mp.mem.size == 5000 and emm.stats()["live_blocks"] == live + 1, f"cupy {hook}: malloc")
+    ctypes.memset(mp.ptr, 7, 5000)  # the test double's device memory is host memory
+    del mp
+    gc.collect()
+    check(emm.stats()["live_blocks"] == live, f"cupy {hook}: block freed with its last reference")
+    s1 = emm.stats()
+    check(s1["allocs"] - s0["allocs"] == 1 and s1["frees"] - s0["frees"] == 1 and s1["bad_frees"] == s0["bad_frees"],
+          f"cupy {hook}: one alloc, one free through libemm")
+    check(cupy.cuda.allocator(0).ptr == 0, f"cupy {hook}: 0 bytes")
+    try:
+        mp = cupy.cuda.allocator(1 << 30)
+        check(False, f"cupy {hook}: out of memory gave a block at {mp.ptr:#x}")
+    except cupy.cuda.memory.OutOfMemoryError as e:
+        check(e.size == 1 << 30, f"cupy {hook}: OutOfMemoryError size {e.size}")
+    gc.collect()
+    check(emm.stats()["live_blocks"] == live, f"cupy {hook}: nothing kept after out of memory")
+    check(emm.stats()["ooms"] > s1["ooms"], f"cupy {hook}: libemm counted the out of memory")
+    get_device = cupy.cuda.runtime.getDevice
+    cupy.cuda.runtime.getDevice = lambda: 5  # a device the test double lacks: libemm's own error, not OOM
+    try:
+        check(raises(lambda: cupy.cuda.allocator(4096), emm.EmmError, errno.ENODEV), f"cupy {hook}: ENODEV")
+    finally:
+        cupy.cuda.runtime.getDevice = get_device
+
+
+def cupy_adapter(cupy):
+    """emm.cupy: each door, the cheapest one by default, falling back on an older CuPy; pinned memory."""
+    import emm
+    import emm.cupy
+    memory = cupy.cuda.memory
+    for hook in emm.cupy.HOOKS:
+        cupy_hook(cupy, hook)
+    check(emm.cupy.use() == "c", "cupy: CFunctionAllocator taken when CuPy has it")
+    hidden = {}
+    try:
+        hidden["CFunctionAllocator"] = memory.__dict__.pop("CFunctionAllocator")
+        check(emm.cupy.use() == "python", "cupy without CFunctionAllocator: PythonFunctionAllocator")
+        check(raises(lambda: emm.cupy.use(hook="c"), ValueError), "cupy: hook c refused without it")
+        hidden["PythonFunctionAllocator"] = memory.__dict__.pop("PythonFunctionAllocator")
+        check(emm.cupy.use() == "object", "cupy without either: the object door")
+        cupy_hook(cupy, "object")
+    finally:
+        for name, value in hidden.items():
+            setattr(memory, name, value)
+    check(raises(lambda: emm.cupy.use(hook="cython"), ValueError), "cupy: unknown hook refused")
+    emm.cupy.use()
+    pp = cupy.cuda.pinned_allocator(7000)
+    check(pp.ptr and emm.stats(-2)["live_blocks"] == 1, "cupy pinned")
+    del pp
+    gc.collect()
+    check(emm.stats(-2)["live_blocks"] == 0, "cupy pinned freed")
+    emm.cupy.unuse()
+    check(emm.cupy.hook is None, "cupy unuse")
 
 
 # --- preloaded as well -----------------------------------------------------------

@@ -33,6 +33,8 @@ static struct {
 	__typeof__(&emm_device_free) device_free;
 	__typeof__(&emm_alloc) alloc;
 	__typeof__(&emm_free) free;
+	__typeof__(&emm_param_alloc) param_alloc;
+	__typeof__(&emm_param_free) param_free;
 	__typeof__(&emm_host_alloc) host_alloc;
 	__typeof__(&emm_host_free) host_free;
 	__typeof__(&emm_mem_info) mem_info;
@@ -77,6 +79,8 @@ TEST_BEGIN(test_no_driver)
 	expect_ptr_eq(p, (void *)0x1234);
 	expect_ptr_null(api.alloc(4096, 0, NULL));
 	expect_ptr_null(api.alloc(4096, -1, EMM_STREAM_NONE));
+	expect_ptr_null(api.param_alloc(EMM_STREAM_NONE, 4096, 0));
+	api.param_free(EMM_STREAM_NONE, NULL, 0);
 	api.free(NULL, 0, 0, NULL);
 	expect_int_eq(api.device_free(NULL, 0, NULL), 0);
 	expect_int_eq(api.device_free((void *)0x10000, 0, NULL), -ENODEV);
@@ -131,6 +135,32 @@ TEST_BEGIN(test_alloc_free_reuse)
 	expect_true(stats().hits > s1.hits);
 	api.free(q, 1 << 20, 0, NULL);
 	expect_u64_eq(stats().live_blocks, s0.live_blocks);
+}
+TEST_END
+
+/* CuPy's CFunctionAllocator shape: the stream is the param. */
+TEST_BEGIN(test_param_door)
+{
+	struct emm_stats s0 = stats();
+	char *p = api.param_alloc(NULL, 1 << 20, 0), *q;
+
+	assert_ptr_not_null(p);
+	memset(p, 0xcd, 1 << 20);
+	expect_u64_eq(stats().live_blocks - s0.live_blocks, 1);
+	api.param_free(NULL, p, 0);
+	q = api.param_alloc(NULL, 1 << 20, 0);
+	expect_ptr_eq(q, p); /* the size and device were not swapped with the stream */
+	api.param_free(NULL, q, 0);
+	s0 = stats();
+	api.param_free(NULL, q, 0); /* double: refused and counted, nothing to return */
+	expect_u64_eq(stats().bad_frees - s0.bad_frees, 1);
+	p = api.param_alloc(EMM_STREAM_NONE, 4096, 0);
+	assert_ptr_not_null(p);
+	api.param_free(EMM_STREAM_NONE, p, 0);
+	expect_u64_eq(stats().live_blocks, s0.live_blocks);
+	expect_ptr_null(api.param_alloc(EMM_STREAM_NONE, 0, 0));
+	expect_ptr_null(api.param_alloc(EMM_STREAM_NONE, 4096, 5)); /* one device */
+	expect_ptr_null(api.param_alloc(EMM_STREAM_NONE, (size_t)1 << 40, 0)); /* out of memory */
 }
 TEST_END
 
@@ -367,11 +397,13 @@ int main(int argc, char **argv)
 	api.device_free = SYM(libemm, emm_device_free);
 	api.alloc = SYM(libemm, emm_alloc);
 	api.free = SYM(libemm, emm_free);
+	api.param_alloc = SYM(libemm, emm_param_alloc);
+	api.param_free = SYM(libemm, emm_param_free);
 	api.host_alloc = SYM(libemm, emm_host_alloc);
 	api.host_free = SYM(libemm, emm_host_free);
 	api.mem_info = SYM(libemm, emm_mem_info);
 	api.stats_get = SYM(libemm, emm_stats_get);
-	if (!api.device_alloc || !api.device_free || !api.alloc || !api.free || !api.host_alloc || !api.host_free ||
+	if (!api.device_alloc || !api.device_free || !api.alloc || !api.free || !api.param_alloc || !api.param_free || !api.host_alloc || !api.host_free ||
 	    !api.mem_info || !api.stats_get) {
 		fprintf(stderr, "libemm lacks the door's entry points\n");
 		return 1;
@@ -379,7 +411,7 @@ int main(int argc, char **argv)
 	if (strcmp(mode, "nodriver") == 0)
 		return emm_test_run(test_no_driver, NULL);
 	driver_setup();
-	return emm_test_run(test_alloc_free_reuse, test_stream_and_none, test_errors, test_foreign_and_one_heap,
+	return emm_test_run(test_alloc_free_reuse, test_param_door, test_stream_and_none, test_errors, test_foreign_and_one_heap,
 	                    test_host, test_mem_info, test_no_current_context, test_nonblocking_stream_fenced,
 	                    test_capture, NULL);
 }
