@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * process/annotate.c - the NVTX memory annotations that let a memory
- * checker see through libemm's cache: every device segment is registered
- * as a sub-allocator heap (NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR) while
- * libemm holds it, every block as a region while the program owns it, so
- * that compute-sanitizer's memcheck reports an access past a block's end or
- * into a freed (cached) block as it would without libemm.
+ * checker see through libemm's cache: every segment, device or pinned
+ * host, is registered as a sub-allocator heap
+ * (NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR) while libemm holds it, every
+ * block as a region while the program owns it, so that compute-sanitizer's
+ * memcheck reports an access past a block's end or into a freed (cached)
+ * block as it would without libemm.
  *
  * How the header-only NVTX finds a tool: nvToolsExtMem.h defines each call
  * (static inline) over a hidden weak table of function slots, all 0
@@ -27,8 +28,11 @@
  * piece, remembered here so that the segment's free unregisters them all;
  * a block is a region of the heap holding its start (one that straddles a
  * grown piece's boundary is a region past its heap's end, which a tool may
- * refuse). Pinned host blocks are not annotated: NVTX heaps describe
- * memory to compute-sanitizer's device-memory checks.
+ * refuse). Pinned host segments and blocks are annotated like device
+ * ones: nvToolsExtMem.h names cudaHostAlloc and cudaMallocHost among the
+ * allocations a heap of NVTX_MEM_TYPE_VIRTUAL_ADDRESS describes (UVA: a
+ * kernel reaches pinned memory at its host address), so memcheck checks a
+ * kernel's access to a pinned block against its region.
  * No NVTX call is made under a lock: a tool's handler may call the driver.
  */
 #include <dlfcn.h>
@@ -187,13 +191,14 @@ static uint64_t heap_of(uint64_t addr, uint64_t base)
 	return base;
 }
 
-void st_annotate_block_slow(uint64_t addr, bool add)
+void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 {
 	struct emm_block_range b;
 
-	/* Only the start of a live device block: a bad free is the driver's
-	 * error, not an unregister of a region the tool never saw. */
-	if (emm_heap_find_block(addr, &b) != 0 || b.base != addr || emm_state_heap_is_pinned(b.heap))
+	/* Only the start of a live block of the space the call names: a bad
+	 * free (or a cuMemFreeHost of a device block) is the driver's error,
+	 * not an unregister of a region the tool never saw or still needs. */
+	if (emm_heap_find_block(addr, &b) != 0 || b.base != addr || emm_state_heap_is_pinned(b.heap) != pinned)
 		return;
 	if (add) {
 		size_t size = b.requested ? b.requested : b.size;

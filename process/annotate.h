@@ -2,8 +2,9 @@
 /*
  * process/annotate.h - telling a memory-checking tool (compute-sanitizer,
  * through the NVTX memory API) which parts of libemm's segments the program
- * owns: each device segment a sub-allocator heap, each block handed to the
- * program a region in it. Private to process/; annotate.c owns it.
+ * owns: each segment (device or pinned host) a sub-allocator heap, each
+ * block handed to the program a region in it. Private to process/;
+ * annotate.c owns it.
  *
  * With no tool attached an annotation costs one load of st_annotate_on and
  * a not-taken branch: the calls below are inline and reach annotate.c only
@@ -43,7 +44,7 @@ static inline void st_annotate_ensure_probed(void)
 }
 
 void st_annotate_heap_slow(uint64_t addr, size_t size, bool add);
-void st_annotate_block_slow(uint64_t addr, bool add);
+void st_annotate_block_slow(uint64_t addr, bool add, bool pinned);
 /* The part [addr+old_size, addr+new_size) a segment grew by (a heap of its
  * own: the tool's heaps do not grow); the segment's free unregisters it. */
 void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size);
@@ -65,22 +66,24 @@ static inline void st_annotate_idle_buffer(uint64_t addr, size_t size, bool add)
 		st_annotate_heap_slow(addr, size, add);
 }
 
-/* A device segment [addr, addr+size) came from the backend (add) or is
- * going back to it. */
+/* A segment [addr, addr+size), device or pinned host, came from the
+ * backend (add) or is going back to it. */
 static inline void st_annotate_heap(uint64_t addr, size_t size, bool add)
 {
 	if (EMM_UNLIKELY(atomic_load_explicit(&st_annotate_on, memory_order_relaxed)))
 		st_annotate_heap_slow(addr, size, add);
 }
 
-/* The device block starting at addr, live in a heap, was handed to the
- * program (add: after the heap's alloc, as a region of the size the program
- * asked for) or is being freed by it (before the heap's free, so that no
- * new owner's region is registered first). Pinned blocks are left alone. */
-static inline void st_annotate_block(uint64_t addr, bool add)
+/* The block starting at addr, live in a heap, was handed to the program
+ * (add: after the heap's alloc, as a region of the size the program asked
+ * for) or is being freed by it (before the heap's free, so that no new
+ * owner's region is registered first). `pinned`: the space the call names
+ * (pinned host or device); a block of the other space is left alone, as
+ * the free that names the wrong space is refused. */
+static inline void st_annotate_block(uint64_t addr, bool add, bool pinned)
 {
 	if (EMM_UNLIKELY(atomic_load_explicit(&st_annotate_on, memory_order_relaxed)))
-		st_annotate_block_slow(addr, add);
+		st_annotate_block_slow(addr, add, pinned);
 }
 
 #pragma GCC visibility pop

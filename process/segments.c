@@ -127,7 +127,7 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 		backend_leave(mode);
 	}
 	st_annotate_ensure_probed(); /* a context exists now, as a tool requires */
-	if (ret == 0 && !host)
+	if (ret == 0) /* pinned segments too: kernels reach them through UVA */
 		st_annotate_heap(*ret_addr, size, true);
 	if (ret == 0 && !host && st_snapshot_on)
 		st_snapshot_note(EMM_SNAP_SEGMENT_ALLOC, *ret_addr, size, backend_stream(stream));
@@ -145,8 +145,7 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 		return 0; /* the driver frees everything with the process */
 	st_assert_unlocked("a backend segment free");
 	/* Gone from the program either way: a memory checker forgets it. */
-	if (!host)
-		st_annotate_heap(addr, size, false);
+	st_annotate_heap(addr, size, false);
 	/* A segment with IPC exports stays allocated (ipc_export.c). */
 	if (!host && st_ipc_keep_segment(e, addr, size))
 		return 0;

@@ -79,7 +79,7 @@ static int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const voi
 	if (r == 0) {
 		/* A graph being captured may use it (capture.c). */
 		emm_capture_note_alloc(addr, heap);
-		st_annotate_block(addr, true); /* a region for a memory checker */
+		st_annotate_block(addr, true, memory == EMM_TRACE_PINNED); /* a region for a memory checker */
 		trace(EMM_TRACE_ALLOCATE, addr, size, stream, memory);
 		if (st_snapshot_on && memory == EMM_TRACE_DEVICE)
 			st_snapshot_note(EMM_SNAP_ALLOC, addr, size, (uint64_t)(uintptr_t)stream);
@@ -151,7 +151,7 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 	/* Before the heap may hand it out again; the fill while the block is
 	 * still a region a memory checker knows. */
 	st_poison_block(addr, key);
-	st_annotate_block(addr, false);
+	st_annotate_block(addr, false, pinned);
 	r = emm_state_free_block(addr, key, pinned, &requested);
 	emm_state_leave();
 	if (r == 0) {

@@ -14,8 +14,9 @@
 #   leak        memcheck --leak-check full     leak-1000 / no-leak-1000 ("Leaked 1000 bytes")
 #   reuse       initcheck                      uninit / init
 #   clean       memcheck, initcheck            errors / clean
-#   pinned-oob  memcheck                       informational only (does memcheck
-#                                              check pinned host memory at all?)
+#   pinned-oob  memcheck                       errors / clean
+#   pinned-uaf  memcheck                       errors / clean
+#   pinned-leak memcheck --leak-check full     leak-1000 / no-leak-1000
 #
 # EMM_BACKEND and the other EMM_* variables in the environment apply to the
 # libemm runs. Prints one row a case and tool (without, with, same or
@@ -28,7 +29,7 @@ prog="${1:?usage: run-sanitize.sh PROGRAM LIBEMM [CASE...]}"
 lib="${2:?usage: run-sanitize.sh PROGRAM LIBEMM [CASE...]}"
 shift 2
 cases=("$@")
-[ ${#cases[@]} -eq 0 ] && cases=(oob uaf capture vmm-uaf leak reuse clean pinned-oob)
+[ ${#cases[@]} -eq 0 ] && cases=(oob uaf capture vmm-uaf leak reuse clean pinned-oob pinned-uaf pinned-leak)
 
 missing=$(env -u LD_PRELOAD ldd "$prog" 2>/dev/null | awk '/=> not found/ {print $1}' | tr '\n' ' ')
 if [ -n "$missing" ]; then
@@ -108,13 +109,12 @@ row() { # CASE KIND REQUIRED TOOLARGS...
 
 for c in "${cases[@]}"; do
 	case $c in
-	leak) row leak leak required --tool memcheck --leak-check full ;;
+	leak | pinned-leak) row "$c" leak required --tool memcheck --leak-check full ;;
 	reuse) row reuse initcheck required --tool initcheck ;;
 	clean)
 		row clean memcheck required --tool memcheck --leak-check full
 		row clean initcheck required --tool initcheck
 		;;
-	pinned-oob) row pinned-oob memcheck info --tool memcheck ;;
 	*) row "$c" memcheck required --tool memcheck ;;
 	esac
 done

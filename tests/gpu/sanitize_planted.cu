@@ -22,9 +22,16 @@
  *   vmm-uaf    a 4 MiB buffer made with the VMM calls (reserve, create, map,
  *              set access) and freed (unmap, release, address free), then
  *              written (memcheck: invalid write; libemm keeps it mapped)
+ *   pinned-oob a kernel writes 40 bytes past the end of a 1000-byte
+ *              cudaMallocHost block (memcheck: invalid __global__ write;
+ *              under libemm the write lands in a live pinned segment, seen
+ *              because pinned segments are NVTX heaps and blocks regions)
+ *   pinned-uaf a kernel writes into a freed 1000-byte cudaMallocHost block
+ *              whose segment stays live (memcheck: invalid write)
+ *   pinned-leak a 1000-byte cudaMallocHost block never freed (memcheck
+ *              --leak-check full: whatever the tool says without libemm,
+ *              it must say with libemm, whose pinned region stays live)
  *   clean      all of the above done right: no report in either run
- *   pinned-oob a kernel writes past a 1000-byte cudaMallocHost block
- *              (informational: does memcheck check pinned host memory?)
  *
  * Prints "libemm: loaded" or "libemm: absent" so the runner knows which
  * run it got. Exit 77 without a GPU; otherwise 0 whatever the tool found
@@ -169,6 +176,21 @@ int main(int argc, char **argv)
 		cudaFreeHost(h);
 		cudaFreeHost(a);
 		a = NULL;
+	} else if (strcmp(c, "pinned-uaf") == 0) {
+		unsigned char *h = NULL;
+
+		cudaMallocHost(&h, 1000);
+		cudaMallocHost(&a, 1000); /* keeps the segment alive */
+		cudaFreeHost(h);
+		fill<<<1, 64>>>(h, 0, 64, 11);
+		sync_quiet();
+		cudaFreeHost(a);
+		a = NULL;
+	} else if (strcmp(c, "pinned-leak") == 0) {
+		cudaMallocHost(&a, 1000);
+		fill<<<4, 256>>>(a, 0, 1000, 12);
+		sync_quiet();
+		/* a is never freed */
 	} else { /* clean */
 		for (int i = 0; i < 4; i++) {
 			cudaMalloc(&a, 1000);
@@ -181,6 +203,16 @@ int main(int argc, char **argv)
 		fill<<<(3u << 20) / 256, 256>>>(a, 0, 3u << 20, 8);
 		sync_quiet();
 		cudaFree(a);
+		/* Pinned blocks written by a kernel and copied, in bounds. */
+		for (int i = 0; i < 4; i++) {
+			cudaMallocHost(&a, 1000);
+			fill<<<4, 256>>>(a, 0, 1000, 13);
+			sync_quiet();
+			cudaMemcpy(out, a, 1000, cudaMemcpyHostToDevice);
+			copy<<<4, 256>>>(out, a, 1000);
+			sync_quiet();
+			cudaFreeHost(a);
+		}
 	}
 	cudaFree(out);
 	printf("case %s: done\n", c);

@@ -6,10 +6,11 @@
  *   tool  - every device segment is a live heap while libemm holds it, each
  *           block a region of the size asked for while the program owns it
  *           (gone at its free, back at its reuse, never for a double free),
- *           pinned blocks are not annotated, segments given back take their
- *           heaps with them; the tool saw no misuse.
- *   exit  - a block left live and a cached idle segment at exit: libemm's
- *           exit handler gives the idle segment back before the tool's
+ *           pinned host segments and blocks the same (a free naming the
+ *           wrong space leaves the region alone), segments given back take
+ *           their heaps with them; the tool saw no misuse.
+ *   exit  - a block left live and cached idle segments (device and pinned)
+ *           at exit: libemm's exit handler gives them back before the tool's
  *           leak check, so only the leaked block's heap and region are
  *           live (FAKE_NVTX_EXIT_HEAPS=1: the fake tool checks at exit).
  *   vmm   - a whole VMM buffer the program freed and libemm keeps mapped
@@ -63,7 +64,7 @@ static void find_tool(void)
 static void tool_mode(void)
 {
 	CUdeviceptr a, b, c, big;
-	void *host;
+	void *host, *host2, *portable;
 	unsigned long long unregs;
 
 	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
@@ -83,15 +84,31 @@ static void tool_mode(void)
 	CHECK(cuMemAlloc(&c, 700) == CUDA_SUCCESS);
 	CHECK(region(c) == 700);
 
-	/* Pinned host blocks: not annotated (see annotate.c). */
+	/* Pinned host blocks: their segment a heap (one per flag set), each
+	 * block a region, as device ones. */
 	CHECK(cuMemAllocHost(&host, 4096) == CUDA_SUCCESS);
-	CHECK(count(REGIONS) == 2 && count(HEAPS) == 1);
+	CHECK(count(HEAPS) == 2 && count(REGIONS) == 3);
+	CHECK(region((uintptr_t)host) == 4096);
+	CHECK(cuMemAllocHost(&host2, 1000) == CUDA_SUCCESS);
+	CHECK(region((uintptr_t)host2) == 1000 && count(HEAPS) == 2 && count(REGIONS) == 4);
+	CHECK(cuMemHostAlloc(&portable, 100, CU_MEMHOSTALLOC_PORTABLE) == CUDA_SUCCESS);
+	CHECK(region((uintptr_t)portable) == 100 && count(HEAPS) == 3);
+	/* A free naming the other space is refused and leaves the region. */
+	unregs = count(REGION_UNREGS);
+	CHECK(cuMemFree((CUdeviceptr)(uintptr_t)host) != CUDA_SUCCESS);
+	CHECK(cuMemFreeHost((void *)(uintptr_t)c) != CUDA_SUCCESS);
+	CHECK(count(REGION_UNREGS) == unregs && region((uintptr_t)host) == 4096 && region(c) == 700);
 	CHECK(cuMemFreeHost(host) == CUDA_SUCCESS);
-	CHECK(count(REGIONS) == 2);
+	CHECK(region((uintptr_t)host) == 0 && region((uintptr_t)host2) == 1000);
+	CHECK(cuMemFreeHost(host) != CUDA_SUCCESS); /* double free: no unregister */
+	CHECK(count(REGION_UNREGS) == unregs + 1);
+	CHECK(cuMemFreeHost(host2) == CUDA_SUCCESS);
+	CHECK(cuMemFreeHost(portable) == CUDA_SUCCESS);
+	CHECK(count(REGIONS) == 2 && count(HEAPS) == 3);
 
-	/* A large block: a segment of its own, a second heap. */
+	/* A large block: a segment of its own, another heap. */
 	CHECK(cuMemAlloc(&big, 30u << 20) == CUDA_SUCCESS);
-	CHECK(count(HEAPS) == 2 && region(big) == 30u << 20);
+	CHECK(count(HEAPS) == 4 && region(big) == 30u << 20);
 	CHECK(cuMemFree(big) == CUDA_SUCCESS);
 	CHECK(region(big) == 0);
 
@@ -99,23 +116,26 @@ static void tool_mode(void)
 	CHECK(cuMemFree(c) == CUDA_SUCCESS);
 	CHECK(count(REGIONS) == 0);
 	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
-	CHECK(shims_release_idle(0, 0) >= 0);
-	/* Every segment went back: their heaps are gone too. */
+	CHECK(shims_release_idle(-1, 0) >= 0);
+	/* Every segment went back, pinned ones too: their heaps are gone. */
 	CHECK(count(HEAPS) == 0);
-	CHECK(count(HEAP_UNREGS) == count(HEAP_REGS) && count(HEAP_REGS) == 2);
+	CHECK(count(HEAP_UNREGS) == count(HEAP_REGS) && count(HEAP_REGS) == 4);
 	CHECK(count(ERRORS) == 0);
 }
 
 static void exit_mode(void)
 {
 	CUdeviceptr leaked, big;
+	void *host;
 
 	CHECK(cuMemAlloc(&leaked, 1000) == CUDA_SUCCESS);
 	find_tool();
 	CHECK(cuMemAlloc(&big, 30u << 20) == CUDA_SUCCESS);
 	CHECK(cuMemFree(big) == CUDA_SUCCESS);
+	CHECK(cuMemAllocHost(&host, 1000) == CUDA_SUCCESS);
+	CHECK(cuMemFreeHost(host) == CUDA_SUCCESS);
 	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
-	CHECK(count(HEAPS) == 2 && count(REGIONS) == 1);
+	CHECK(count(HEAPS) == 3 && count(REGIONS) == 1);
 	/* exit: the fake tool's destructor checks 1 heap, 1 region */
 }
 
