@@ -11,7 +11,8 @@
 #
 # BUILDDIR defaults to build-gpu; SUITES (default "gpu race") picks the
 # suites, e.g. SUITES=race to fit one pass in a time limit; MEMCHECK_LIMIT
-# (seconds) cuts the memcheck pass short. Exit 77 without compute-sanitizer, 0
+# (seconds) cuts the memcheck pass short; TESTS (test names, space-separated)
+# runs those tests instead of whole suites. Exit 77 without compute-sanitizer, 0
 # otherwise (the report is the result).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,7 +21,11 @@ cs="${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || echo /usr/local/cuda/
 [ -x "$cs" ] || { echo "skip: compute-sanitizer not found (set COMPUTE_SANITIZER)"; exit 77; }
 
 suites=()
-for s in ${SUITES:-gpu race}; do suites+=(--suite "$s"); done
+if [ -n "${TESTS:-}" ]; then
+	read -r -a suites <<<"$TESTS"
+else
+	for s in ${SUITES:-gpu race}; do suites+=(--suite "$s"); done
+fi
 t0=$(date +%s)
 meson test -C "$build" "${suites[@]}" --logbase plain >/dev/null 2>&1
 t1=$(date +%s)
