@@ -179,6 +179,23 @@ def test_fake():
     adapters()
 
 
+def stub_subpackages(top, names):
+    """Load the stand-in's subpackages from tests/python/stubs by path: an
+    installed numba-cuda puts a finder for numba.cuda ahead of sys.path, which
+    would mix the real package into the stand-in."""
+    import importlib.util
+    base = os.path.join(ROOT, "tests", "python", "stubs")
+    for name in names:
+        rel = os.path.join(base, *name.split("."))
+        path = os.path.join(rel, "__init__.py") if os.path.isdir(rel) else rel + ".py"
+        spec = importlib.util.spec_from_file_location(name, path, submodule_search_locations=[rel] if os.path.isdir(rel) else None)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+        parent, _, leaf = name.rpartition(".")
+        setattr(sys.modules[parent], leaf, mod)
+
+
 def adapters():
     """emm.torch, emm.cupy, emm.numba over the stubs (or the real frameworks, if installed)."""
     import emm
@@ -199,6 +216,7 @@ def adapters():
         cupy_adapter(cupy)
     import numba
     if getattr(numba, "STUB", False):
+        stub_subpackages("numba", ["numba.cuda", "numba.cuda.cudadrv", "numba.cuda.cudadrv.driver"])
         import emm.numba
         from numba.cuda.cudadrv import driver
 
