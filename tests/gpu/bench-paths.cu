@@ -21,9 +21,11 @@
  * cuMemAddressReserve + cuMemMap + cuMemSetAccess, freed with cuMemUnmap +
  * cuMemRelease + cuMemAddressFree, in XLA's order and with its properties:
  * a POSIX file descriptor handle type requested, the granularity as the
- * reservation's alignment), alone and with the cuCtxSynchronize XLA makes
- * before each unmap, at 2, 8 and 64 MiB (under libemm the sequence is
- * served by its VMM cache; the "hits" columns then count VMM cache hits):
+ * reservation's alignment), alone, with the cuCtxSynchronize XLA makes
+ * before each unmap, and with XLA's 18 idle non-blocking streams alive
+ * (libemm's fence records an event on each at every cached free), at 2, 8
+ * and 64 MiB (under libemm the sequence is served by its VMM cache; the
+ * "hits" columns then count VMM cache hits):
  * 0.3 s of untimed pairs through every path first, then three
  * rounds over the sizes, the paths in a rotated order at each (the median
  * round kept), each time a warm-up,
@@ -58,13 +60,20 @@ enum { ROUNDS = 3 };
 enum api { API_CUDA_MALLOC, API_CU_MEM_ALLOC, API_CUDA_MALLOC_ASYNC, NAPIS };
 /* The VMM sequences, numbered after the pairs (their BENCH lines' api
  * field), measured at their own sizes (multiples of the granularity). */
-enum vmm_api { API_VMM = NAPIS, API_VMM_SYNC, NALL };
+enum vmm_api { API_VMM = NAPIS, API_VMM_SYNC, API_VMM_STREAMS, NALL };
 enum { NVMM = NALL - NAPIS };
 static const char *api_names[] = {"cudaMalloc+cudaFree", "cuMemAlloc+cuMemFree",
                                   "cudaMallocAsync+cudaFreeAsync",
                                   "VMM create+reserve+map+access / unmap+release+free",
-                                  "the same + cuCtxSynchronize before the unmap (XLA's free)"};
+                                  "the same + cuCtxSynchronize before the unmap (XLA's free)",
+                                  "VMM sequence with XLA's idle non-blocking streams alive"};
 static const size_t vmm_sizes[] = {2u << 20, 8u << 20, 64u << 20};
+/* Non-blocking streams XLA keeps per GPU (pjrt/local_device_state.h: the
+ * compute and host-to-device streams, 4 device-to-host, 4 device-to-device,
+ * 4 fixed-size-pool usage, 4 external-ready; callback streams besides):
+ * libemm fences a freed VMM buffer on each live non-blocking stream. */
+enum { XLA_STREAMS = 18 };
+static CUstream xla_streams[XLA_STREAMS];
 static const char *vmm_size_names[] = {"2 MiB", "8 MiB", "64 MiB"};
 enum { NVSIZES = sizeof(vmm_sizes) / sizeof(vmm_sizes[0]) };
 
@@ -162,12 +171,32 @@ static bool pair(int api, size_t size)
 		return cudaMallocAsync(&p, size, stream) == cudaSuccess &&
 		       cudaFreeAsync(p, stream) == cudaSuccess;
 	}
-	default:
+	default: /* API_VMM_STREAMS: the same calls, more streams alive */
 		return vmm_pair(size, api == API_VMM_SYNC);
 	}
 }
 
+static struct result measure_pairs(int api, size_t size, int iters, int warmup);
+
+/* One path at one size; API_VMM_STREAMS with XLA's streams made (driver
+ * API, non-blocking, as XLA makes them) around it and destroyed after. */
 static struct result measure(int api, size_t size, int iters, int warmup)
+{
+	struct result r = {};
+	int made = 0;
+
+	if (api == API_VMM_STREAMS)
+		for (; made < XLA_STREAMS; made++)
+			if (cuStreamCreate(&xla_streams[made], CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+				break;
+	if (api != API_VMM_STREAMS || made == XLA_STREAMS)
+		r = measure_pairs(api, size, iters, warmup);
+	while (made > 0)
+		(void)cuStreamDestroy(xla_streams[--made]);
+	return r;
+}
+
+static struct result measure_pairs(int api, size_t size, int iters, int warmup)
 {
 	struct result r = {};
 	std::vector<long long> t((size_t)iters);

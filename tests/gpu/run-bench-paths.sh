@@ -16,9 +16,11 @@
 # the VMM path: host time per XLA platform-allocator buffer (cuMemCreate +
 # cuMemAddressReserve + cuMemMap + cuMemSetAccess, then cuMemUnmap +
 # cuMemRelease + cuMemAddressFree) at 2, 8 and 64 MiB, raw and from libemm's
-# VMM cache (with the cache's hits of the timed sequences), alone and with
-# the cuCtxSynchronize XLA makes before each unmap (its fixed cost on an idle
-# device). With $OUT set the whole report also goes to $OUT/bench-paths.md.
+# VMM cache (with the cache's hits of the timed sequences), alone, with the
+# cuCtxSynchronize XLA makes before each unmap (its fixed cost on an idle
+# device), and with XLA's 18 non-blocking streams alive (libemm fences each
+# cached free on every one). With $OUT set the whole report also goes to
+# $OUT/bench-paths.md.
 #
 # usage: tests/gpu/run-bench-paths.sh [BUILDDIR]
 #   BUILDDIR defaults to build-gpu in the source tree; BENCH=path and
@@ -118,7 +120,9 @@ report=$tmp/report.md
 	echo "cuMemRelease + cuMemAddressFree, XLA's order and properties (bench-paths.cu). libemm: served"
 	echo "by its VMM cache (hits = timed sequences the cache served). + sync: with XLA's cuCtxSynchronize"
 	echo "before the unmap, on an idle device (its fixed cost only; in XLA it also waits for queued work)."
-	echo "libemm's host time per JAX step = VMM allocations per step (tests/bench/run-jax.sh) x column (a)."
+	echo "+ 18 streams: XLA's idle non-blocking streams alive (libemm records a fence event on each at a"
+	echo "cached free and queries them at the reuse). libemm's host time per JAX step = VMM allocations"
+	echo "per step (tests/bench/run-jax.sh) x column (e), the closer to XLA's process."
 	echo
 	awk -F'\t' '
 	$1 == "BENCH" && $3 >= 3 { t[$2 "," $3 "," $4] = ($8 == 1) ? sprintf("%.2f", $5) : "FAILED"; v[$2 "," $3 "," $4] = $5 + 0
@@ -128,15 +132,16 @@ report=$tmp/report.md
 	function ratio(x, y) { return (x > 0 && y > 0) ? sprintf("%.1fx", x / y) : "n/a" }
 	function sname(s) { return (s / 1048576) " MiB" }
 	END {
-		print "| size | (a) libemm, VMM cache | cache hits (a) | (b) raw driver | raw / libemm | (c) libemm + sync | (d) raw + sync |"
-		print "|---|---|---|---|---|---|---|"
+		print "| size | (a) libemm, VMM cache | cache hits (a) | (b) raw driver | raw / libemm | (c) libemm + sync | (d) raw + sync | (e) libemm + 18 streams | cache hits (e) | (f) raw + 18 streams |"
+		print "|---|---|---|---|---|---|---|---|---|---|"
 		n = 0
 		for (k in sizes) order[++n] = k + 0
 		for (i = 2; i <= n; i++) { x = order[i]; for (j = i - 1; j >= 1 && order[j] > x; j--) order[j + 1] = order[j]; order[j + 1] = x }
 		for (i = 1; i <= n; i++) {
 			s = order[i]
-			printf "| %s | %s | %s | %s | %s | %s | %s |\n", sname(s), get("emm,3," s), hits("emm,3," s),
-				get("raw,3," s), ratio(v["raw,3," s], v["emm,3," s]), get("emm,4," s), get("raw,4," s)
+			printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sname(s), get("emm,3," s), hits("emm,3," s),
+				get("raw,3," s), ratio(v["raw,3," s], v["emm,3," s]), get("emm,4," s), get("raw,4," s),
+				get("emm,5," s), hits("emm,5," s), get("raw,5," s)
 		}
 	}' "$tmp/emm.txt" "$tmp/raw.txt"
 	echo
