@@ -6,7 +6,7 @@
  * the device replaced by host memory. Run it with LD_PRELOAD=libemm.so and
  * the fake's folder first in LD_LIBRARY_PATH (tests/bench/run-shims.sh).
  *
- *   bench-shims [--pattern ws|lifo] [--api sync|async|rt|rt-async] [--threads 1,2,4]
+ *   bench-shims [--pattern ws|lifo] [--api sync|async|rt|rt-async|vmm] [--threads 1,2,4]
  *               [--pairs N] [--size BYTES] [--nb-streams N]
  *
  * --nb-streams N creates N idle non-blocking streams first: every epoch
@@ -31,6 +31,15 @@
  * (tests/interpose/fakecudart, which the program links): libemm's runtime
  * shims serve them (interpose/shims_runtime.c), or with EMM_RUNTIME_SHIMS=0
  * the fake cudart calls libemm's driver shims, as a real one would.
+ * vmm (LIFO only, --size rounded up to the 2 MiB granularity): one buffer
+ * of XLA's platform allocator per pair (issue 10), made and freed in XLA's
+ * order and with its properties - cuMemCreate (POSIX file descriptor
+ * handle type requested), cuMemAddressReserve (granularity alignment),
+ * cuMemMap, cuMemSetAccess, then cuMemUnmap, cuMemRelease,
+ * cuMemAddressFree - served by libemm's VMM cache: its own host work per
+ * cached buffer without a real driver under it; with --nb-streams 18
+ * (XLA's non-blocking streams per GPU) the fence events it records at each
+ * free and queries at each reuse are among the counted driver calls.
  *
  * Prints per thread count: million pairs per second (all threads), and the
  * driver calls per pair that reached the fake in the timed section (the
@@ -54,8 +63,8 @@
 
 #define LIVE 64
 
-enum api { API_SYNC, API_ASYNC, API_RT, API_RT_ASYNC };
-static const char *const api_names[] = {"sync", "async", "rt", "rt-async"};
+enum api { API_SYNC, API_ASYNC, API_RT, API_RT_ASYNC, API_VMM };
+static const char *const api_names[] = {"sync", "async", "rt", "rt-async", "vmm"};
 static enum api api;
 static bool lifo;
 static size_t lifo_size = 64 << 10;
@@ -70,7 +79,8 @@ static const char *const counted[] = {
 	"cuCtxGetId", "cuCtxGetCurrent", "cuEventRecord", "cuEventRecordWithFlags", "cuEventQuery",
 	"cuEventCreate", "cuEventDestroy_v2", "cuStreamWaitEvent", "cuMemAlloc_v2", "cuMemFree_v2",
 	"cuStreamGetCaptureInfo_v3", "cuStreamIsCapturing", "cuStreamQuery", "cuCtxPushCurrent_v2",
-	"cuCtxPopCurrent_v2",
+	"cuCtxPopCurrent_v2", "cuMemCreate", "cuMemAddressReserve", "cuMemMap", "cuMemSetAccess", "cuMemUnmap",
+	"cuMemRelease", "cuMemAddressFree",
 };
 #define NCOUNTED (sizeof(counted) / sizeof(counted[0]))
 
@@ -108,6 +118,37 @@ struct worker {
 	bool ok;
 	double t0, t1; /* its timed section (the main thread's clock may start late) */
 };
+
+/* One XLA platform-allocator buffer, made and freed (API_VMM). */
+static bool vmm_pair(size_t n)
+{
+	CUmemAllocationProp prop;
+	CUmemAccessDesc acc;
+	CUmemGenericAllocationHandle h;
+	CUdeviceptr va;
+	const size_t gran = 2u << 20;
+	bool ok;
+
+	memset(&prop, 0, sizeof(prop));
+	prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+	prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	memset(&acc, 0, sizeof(acc));
+	acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+	acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	n = (n + gran - 1) / gran * gran;
+	if (cuMemCreate(&h, n, &prop, 0) != CUDA_SUCCESS)
+		return false;
+	if (cuMemAddressReserve(&va, n, gran, 0, 0) != CUDA_SUCCESS) {
+		(void)cuMemRelease(h);
+		return false;
+	}
+	ok = cuMemMap(va, n, 0, h, 0) == CUDA_SUCCESS;
+	ok = ok && cuMemSetAccess(va, n, &acc, 1) == CUDA_SUCCESS;
+	ok = ok && cuMemUnmap(va, n) == CUDA_SUCCESS;
+	ok = cuMemRelease(h) == CUDA_SUCCESS && ok;
+	return cuMemAddressFree(va, n) == CUDA_SUCCESS && ok;
+}
 
 static bool do_alloc(CUdeviceptr *p, size_t n, CUstream s)
 {
@@ -161,7 +202,9 @@ static void *worker_main(void *arg)
 	pthread_barrier_wait(&start);
 	w->t0 = now_s();
 	for (unsigned long long i = 0; ok && i < pairs_per_thread; i++) {
-		if (lifo) {
+		if (api == API_VMM) {
+			ok = vmm_pair(lifo_size);
+		} else if (lifo) {
 			CUdeviceptr p;
 			ok = do_alloc(&p, lifo_size, s) && do_free(p, s);
 		} else {
@@ -260,10 +303,14 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--nb-streams") && i + 1 < argc)
 			nb_streams = (unsigned)strtoul(argv[++i], NULL, 0);
 		else {
-			fprintf(stderr, "usage: %s [--pattern ws|lifo] [--api sync|async|rt|rt-async] [--threads 1,2,4] "
+			fprintf(stderr, "usage: %s [--pattern ws|lifo] [--api sync|async|rt|rt-async|vmm] [--threads 1,2,4] "
 			                "[--pairs N] [--size BYTES] [--nb-streams N] [--pre-size BYTES]\n", argv[0]);
 			return 2;
 		}
+	}
+	if (api == API_VMM) { /* one buffer made and freed per pair */
+		lifo = true;
+		pre_size = 0;
 	}
 	if (cuInit(0) != CUDA_SUCCESS || cuDeviceGet(&dev, 0) != CUDA_SUCCESS ||
 	    cuDevicePrimaryCtxRetain(&g_ctx, dev) != CUDA_SUCCESS || cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) {

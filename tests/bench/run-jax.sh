@@ -7,10 +7,18 @@
 #   platform   XLA_PYTHON_CLIENT_ALLOCATOR=platform (a VMM buffer per op)
 #   platform+emm   the same under LD_PRELOAD=libemm.so (EMM_STATS=1)
 #
+#   platform+emm-free   (FREE_STREAM=1 only) the same with EMM_FREE_MODE=stream:
+#                  no fence event at a cached VMM free (libemm's fence cost)
+#
 #   tests/bench/run-jax.sh [LIBEMM.so] [SECONDS] [ROUNDS]
 #
 # Defaults: build/libemm.so, 20 s of steps after the warm-up, 3 rounds.
 # The model and loop are tests/gpu/py_jax_vmm.py's (--bench SECONDS).
+# Per variant also its "emm-step:" line: under libemm, the timed steps'
+# VMM allocations per step and the share libemm's cache served (libemm's
+# host time per step = that x the VMM row of tests/gpu/run-bench-paths.sh);
+# the same process's steps/s with and without libemm bound what XLA's own
+# work per buffer costs (tests/bench/JAX-PLATFORM.md).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 lib=${1:-$here/../../build/libemm.so}
@@ -47,9 +55,10 @@ run() { # NAME ENV...
 	touch "$tmp/done"
 	wait $spid
 	rate=$(sed -n 's/^steps\/s \([0-9.]*\).*/\1/p' "$tmp/out")
-	printf '%-14s round %d: %8s steps/s  NVML peak %6s MiB  (exit %d)\n' "$name" "$r" "${rate:-?}" \
+	printf '%-17s round %d: %8s steps/s  NVML peak %6s MiB  (exit %d)\n' "$name" "$r" "${rate:-?}" \
 		"$(cat "$tmp/peak" 2>/dev/null || echo '?')" "$rc"
-	[ "$name" = "platform+emm" ] && grep '^emm: VMM\|^emm: all' "$tmp/err" | sed 's/^/    /'
+	grep '^emm-step:' "$tmp/out" | sed 's/^/    /'
+	case "$name" in platform+emm*) grep '^emm: VMM\|^emm: all' "$tmp/err" | sed 's/^/    /' ;; esac
 	[ $rc -eq 0 ] || tail -5 "$tmp/err" | sed 's/^/    /'
 }
 
@@ -58,5 +67,8 @@ while [ $r -le "$rounds" ]; do
 	run bfc XLA_PYTHON_CLIENT_ALLOCATOR=default
 	run platform XLA_PYTHON_CLIENT_ALLOCATOR=platform
 	run platform+emm XLA_PYTHON_CLIENT_ALLOCATOR=platform LD_PRELOAD="$lib" EMM_STATS=1
+	[ "${FREE_STREAM:-0}" = 1 ] &&
+		run platform+emm-free XLA_PYTHON_CLIENT_ALLOCATOR=platform LD_PRELOAD="$lib" EMM_STATS=1 \
+			EMM_FREE_MODE=stream
 	r=$((r + 1))
 done

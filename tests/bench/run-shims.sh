@@ -7,7 +7,9 @@
 #      and cudaMalloc/cudaMallocAsync through the runtime shims (rt,
 #      rt-async) and, EMM_RUNTIME_SHIMS=0, through cudart to the driver shims;
 #      and what an epoch close costs (EMM_EPOCH_BLOCKS=1: one per free) with
-#      0 and 16 idle non-blocking streams;
+#      0 and 16 idle non-blocking streams; and one XLA platform-allocator
+#      buffer (--api vmm) from the VMM cache with 0 and XLA's 18 non-blocking
+#      streams, and with EMM_FREE_MODE=stream (no fence);
 #   2. instructions per pair under callgrind (1 thread), in all and in
 #      libemm.so itself: the difference of
 #      two runs of different lengths over the difference of their pairs,
@@ -36,6 +38,12 @@ done
 for nb in 0 16; do
 	EMM_EPOCH_BLOCKS=1 "$exe" --pattern lifo --api sync --threads 1 --pairs 50000 --nb-streams "$nb"
 done
+# XLA's platform-allocator buffer from the VMM cache (issue 10): the fence
+# events at each free are one per live non-blocking stream.
+for nb in 0 18; do
+	"$exe" --api vmm --threads 1 --pairs 100000 --size 2097152 --nb-streams "$nb"
+done
+EMM_FREE_MODE=stream "$exe" --api vmm --threads 1 --pairs 100000 --size 2097152 --nb-streams 18
 command -v valgrind >/dev/null || { echo "no valgrind: instructions per pair not measured"; exit 0; }
 irs() { # PATTERN API PAIRS [ARGS...] -> "total libemm" instructions (libemm: its own functions)
 	local out="$(mktemp)" pattern="$1" api="$2" pairs="$3"
@@ -73,4 +81,10 @@ for nb in 0 16; do
 	read -r b bo < <(EMM_EPOCH_BLOCKS=1 irs lifo sync 6000 --nb-streams "$nb")
 	echo "callgrind lifo sync, EMM_EPOCH_BLOCKS=1 (an epoch per free), $nb idle non-blocking streams:" \
 		"$(( (b - a) / 4000 )) instructions per pair, $(( (bo - ao) / 4000 )) of them in libemm"
+done
+for nb in 0 18; do
+	read -r a ao < <(irs lifo vmm 2000 --size 2097152 --nb-streams "$nb")
+	read -r b bo < <(irs lifo vmm 6000 --size 2097152 --nb-streams "$nb")
+	echo "callgrind vmm (XLA's buffer from the VMM cache), $nb idle non-blocking streams:" \
+		"$(( (b - a) / 4000 )) instructions per buffer, $(( (bo - ao) / 4000 )) of them in libemm"
 done

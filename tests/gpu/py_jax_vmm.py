@@ -9,11 +9,17 @@ pool hits for anything JAX allocates with cuMemAlloc), and the losses and
 final parameters must be bit-identical to the same run without libemm (the
 script runs itself again with LD_PRELOAD removed).
 
-    python3 py_jax_vmm.py [--steps N] [--child] [--bench SECONDS]
+    python3 py_jax_vmm.py [--steps N] [--child] [--bench SECONDS] [--profile-range]
 
 --child: only train and print the digest (the run without libemm).
 --bench: train for about SECONDS after the warm-up and print steps/s
-(tests/bench/run-jax.sh). Exits 77 when jax or a GPU is missing.
+(tests/bench/run-jax.sh), and with libemm loaded one "emm-step:" line of
+its counters per timed step: VMM allocations and the share its cache
+served, pool allocations, and libemm's own fence work (events recorded,
+event queries, host waits, stream waits). --profile-range: cuProfilerStart
+and cuProfilerStop around the timed steps (for nsys --capture-range=
+cudaProfilerApi: tests/bench/run-jax-nsys.sh). Exits 77 when jax or a GPU is
+missing.
 """
 import argparse
 import hashlib
@@ -79,7 +85,25 @@ def trainer(jax, jnp):
     return params, step, batch
 
 
-def train(jax, jnp, steps, case=None, bench=0.0):
+def profiler(on):
+    """cuProfilerStart (on) or cuProfilerStop in device 0's primary context
+    (XLA's), made current on this thread for the call only."""
+    import ctypes
+
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev, ctx = ctypes.c_int(), ctypes.c_void_p()
+    if cu.cuDeviceGet(ctypes.byref(dev), 0) or cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev):
+        print("profile range: no primary context", flush=True)
+        return
+    cu.cuCtxPushCurrent_v2(ctx)
+    rc = cu.cuProfilerStart() if on else cu.cuProfilerStop()
+    cu.cuCtxPopCurrent_v2(ctypes.byref(ctypes.c_void_p()))
+    cu.cuDevicePrimaryCtxRelease_v2(dev)
+    if rc:
+        print("profile range: cuProfiler%s returned %d" % ("Start" if on else "Stop", rc), flush=True)
+
+
+def train(jax, jnp, steps, case=None, bench=0.0, profile=False):
     import numpy as np
 
     params, step, batch = trainer(jax, jnp)
@@ -95,6 +119,8 @@ def train(jax, jnp, steps, case=None, bench=0.0):
         if i == warm:
             jax.block_until_ready(params)
             before = case.stats(PROCESS) if case else None
+            if profile:
+                profiler(True)
             t0 = time.perf_counter()
         if bench and t0 is not None and time.perf_counter() - t0 >= bench and i % len(BATCHES) == 0:
             break
@@ -109,6 +135,9 @@ def train(jax, jnp, steps, case=None, bench=0.0):
         i += 1
     jax.block_until_ready(params)
     elapsed = time.perf_counter() - t0
+    after = case.stats(PROCESS) if case else None
+    if profile:
+        profiler(False)
     if losses:
         host.append(np.asarray(jnp.stack(losses)))
     all_losses = np.concatenate(host)
@@ -117,7 +146,22 @@ def train(jax, jnp, steps, case=None, bench=0.0):
     for w, b in params:
         h.update(np.asarray(w).tobytes())
         h.update(np.asarray(b).tobytes())
-    return h.hexdigest(), before, (i - warm) / elapsed, float(all_losses[-1])
+    return h.hexdigest(), before, (i - warm) / elapsed, float(all_losses[-1]), (after, i - warm)
+
+
+def step_counters(a, b, steps):
+    """The timed steps' libemm counters per step, one line (run-jax.sh)."""
+    if a is None or b is None or steps <= 0:
+        return "emm-step: libemm not loaded (no counters)"
+    d = {k: b[k] - a[k] for k in b}
+    vmm = d["vmm_allocs"]
+    return ("emm-step: %d steps; per step: VMM allocations %.2f (cache hits %.2f, %.2f%% of them), "
+            "pool allocations %.2f (hits %.2f), passed by %.2f; libemm's fence work: events recorded %.2f, "
+            "event queries %.2f, host waits %.2f, stream waits %.2f; VMM idle buffers given back %d"
+            % (steps, vmm / steps, d["vmm_hits"] / steps, 100.0 * d["vmm_hits"] / vmm if vmm else 0.0,
+               d["allocs"] / steps, d["hits"] / steps, d["passthrough_allocs"] / steps,
+               d["events_recorded"] / steps, d["event_queries"] / steps, d["host_waits"] / steps,
+               d["stream_waits"] / steps, d["vmm_idle_released"]))
 
 
 def main():
@@ -125,18 +169,27 @@ def main():
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--child", action="store_true")
     ap.add_argument("--bench", type=float, default=0.0)
+    ap.add_argument("--profile-range", action="store_true")
     args = ap.parse_args()
     jax, jnp = setup()
     if args.child or args.bench:
-        digest, _, rate, last = train(jax, jnp, args.steps, bench=args.bench)
+        case = None
+        if args.bench:
+            case = Case("py-jax-vmm-bench")
+            if not case.present():
+                case = None
+        digest, before, rate, last, (after, steps) = train(jax, jnp, args.steps, case=case, bench=args.bench,
+                                                           profile=args.profile_range)
         print("digest %s" % digest)
-        print("steps/s %.1f (last loss %.6f)" % (rate, last), flush=True)
+        print("steps/s %.1f (%d timed steps, last loss %.6f)" % (rate, steps, last), flush=True)
+        if args.bench:
+            print(step_counters(before, after, steps), flush=True)
         return 0
 
     case = Case("py-jax-vmm")
     case.require_emm()
     print("jax %s, XLA_PYTHON_CLIENT_ALLOCATOR=%s" % (jax.__version__, os.environ["XLA_PYTHON_CLIENT_ALLOCATOR"]))
-    digest, a, rate, last = train(jax, jnp, args.steps, case=case)
+    digest, a, rate, last, _ = train(jax, jnp, args.steps, case=case)
     b = case.stats(PROCESS)
     d = {k: b[k] - a[k] for k in b}
     allocs, served = d["vmm_allocs"] + d["allocs"], d["vmm_hits"] + d["hits"]

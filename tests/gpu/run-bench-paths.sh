@@ -12,8 +12,15 @@
 #       (release threshold raised, so the pool keeps its memory)
 #
 # plus libemm's cuMemAlloc_v2 and cudaMallocAsync paths, and each run's mode line (whether
-# emm_stats_get was present, where cudaMalloc resolved). With $OUT set the
-# whole report also goes to $OUT/bench-paths.md.
+# emm_stats_get was present, where cudaMalloc resolved); then a second table,
+# the VMM path: host time per XLA platform-allocator buffer (cuMemCreate +
+# cuMemAddressReserve + cuMemMap + cuMemSetAccess, then cuMemUnmap +
+# cuMemRelease + cuMemAddressFree) at 2, 8 and 64 MiB, raw and from libemm's
+# VMM cache (with the cache's hits of the timed sequences), alone, with the
+# cuCtxSynchronize XLA makes before each unmap (its fixed cost on an idle
+# device), and with XLA's 18 non-blocking streams alive (libemm fences each
+# cached free on every one). With $OUT set the whole report also goes to
+# $OUT/bench-paths.md.
 #
 # usage: tests/gpu/run-bench-paths.sh [BUILDDIR]
 #   BUILDDIR defaults to build-gpu in the source tree; BENCH=path and
@@ -79,7 +86,7 @@ report=$tmp/report.md
 	done
 	echo
 	awk -F'\t' '
-	$1 == "BENCH" { t[$2 "," $3 "," $4] = ($8 == 1) ? sprintf("%.2f", $5) : "FAILED"; v[$2 "," $3 "," $4] = $5 + 0; sizes[$4] = 1 }
+	$1 == "BENCH" && $3 < 3 { t[$2 "," $3 "," $4] = ($8 == 1) ? sprintf("%.2f", $5) : "FAILED"; v[$2 "," $3 "," $4] = $5 + 0; sizes[$4] = 1 }
 	function get(m, a, s) { k = m "," a "," s; return (k in t) ? t[k] : "n/a" }
 	function ratio(x, y) { return (x > 0 && y > 0) ? sprintf("%.1fx", x / y) : "n/a" }
 	function sname(s) { return s >= 1048576 ? (s / 1048576) " MiB" : s >= 1024 ? (s / 1024) " KiB" : s " B" }
@@ -106,6 +113,37 @@ report=$tmp/report.md
 		}
 		return n
 	}' "$tmp/emm.txt" "$tmp/noshims.txt" "$tmp/raw.txt"
+	echo
+	echo "## Host time per XLA platform-allocator buffer, the VMM path (µs, median of $iters after warm-up)"
+	echo
+	echo "One buffer = cuMemCreate + cuMemAddressReserve + cuMemMap + cuMemSetAccess + cuMemUnmap +"
+	echo "cuMemRelease + cuMemAddressFree, XLA's order and properties (bench-paths.cu). libemm: served"
+	echo "by its VMM cache (hits = timed sequences the cache served). + sync: with XLA's cuCtxSynchronize"
+	echo "before the unmap, on an idle device (its fixed cost only; in XLA it also waits for queued work)."
+	echo "+ 18 streams: XLA's idle non-blocking streams alive (libemm records a fence event on each at a"
+	echo "cached free and queries them at the reuse). libemm's host time per JAX step = VMM allocations"
+	echo "per step (tests/bench/run-jax.sh) x column (e), the closer to XLA's process."
+	echo
+	awk -F'\t' '
+	$1 == "BENCH" && $3 >= 3 { t[$2 "," $3 "," $4] = ($8 == 1) ? sprintf("%.2f", $5) : "FAILED"; v[$2 "," $3 "," $4] = $5 + 0
+		h[$2 "," $3 "," $4] = $9 + 0; m[$2 "," $3 "," $4] = $10 + 0; sizes[$4] = 1 }
+	function get(k) { return (k in t) ? t[k] : "n/a" }
+	function hits(k) { return (k in t) ? sprintf("%d of %d", h[k], h[k] + m[k]) : "n/a" }
+	function ratio(x, y) { return (x > 0 && y > 0) ? sprintf("%.1fx", x / y) : "n/a" }
+	function sname(s) { return (s / 1048576) " MiB" }
+	END {
+		print "| size | (a) libemm, VMM cache | cache hits (a) | (b) raw driver | raw / libemm | (c) libemm + sync | (d) raw + sync | (e) libemm + 18 streams | cache hits (e) | (f) raw + 18 streams |"
+		print "|---|---|---|---|---|---|---|---|---|---|"
+		n = 0
+		for (k in sizes) order[++n] = k + 0
+		for (i = 2; i <= n; i++) { x = order[i]; for (j = i - 1; j >= 1 && order[j] > x; j--) order[j + 1] = order[j]; order[j + 1] = x }
+		for (i = 1; i <= n; i++) {
+			s = order[i]
+			printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", sname(s), get("emm,3," s), hits("emm,3," s),
+				get("raw,3," s), ratio(v["raw,3," s], v["emm,3," s]), get("emm,4," s), get("raw,4," s),
+				get("emm,5," s), hits("emm,5," s), get("raw,5," s)
+		}
+	}' "$tmp/emm.txt" "$tmp/raw.txt"
 	echo
 	for label in emm noshims raw; do
 		if ! grep -q "^bench-paths mode: ${label/noshims/emm-noshims} " "$tmp/$label.txt"; then
