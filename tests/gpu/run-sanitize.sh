@@ -102,6 +102,12 @@ row() { # CASE KIND REQUIRED TOOLARGS...
 	[ "$required" = info ] && same="$same(info)"
 	printf '%-11s %-22s %-16s %-16s %-5s %s / %s\n' "$c" "$kind" "$v0" "$v1" "$same" "$s0" "$s1"
 	[ "$same" = DIFF ] && fail=1
+	if [ "$same" = DIFF ]; then # what the tool said, so that a log-less run can be read
+		for w in without with; do
+			grep -h "^========= [A-Z]" "$logs/$tag-$w.log" | grep -v "ERROR SUMMARY\|COMPUTE-SANITIZER" | sort | uniq -c | sort -rn | head -6 |
+				sed "s/^/    $w libemm: /"
+		done
+	fi
 	if [ "$kind" = leak ]; then
 		grep -h "Leaked" "$logs/$tag-with.log" | grep -v "Leaked 1000 bytes" | sed 's/^/    libemm run also: /' | head -5
 	fi
@@ -110,13 +116,24 @@ row() { # CASE KIND REQUIRED TOOLARGS...
 for c in "${cases[@]}"; do
 	case $c in
 	leak | pinned-leak) row "$c" leak required --tool memcheck --leak-check full ;;
-	reuse) row reuse initcheck required --tool initcheck ;;
+	reuse)
+		# initcheck does not follow managed memory (under EMM_BACKEND=managed
+		# every block is): a reused block reads as initialised there.
+		req=required
+		[ "${EMM_BACKEND:-}" = managed ] && req=info
+		row reuse initcheck $req --tool initcheck
+		;;
 	clean)
 		row clean memcheck required --tool memcheck --leak-check full
 		row clean initcheck required --tool initcheck
 		;;
+	managed-uninit) row managed-uninit initcheck info --tool initcheck ;;
 	*) row "$c" memcheck required --tool memcheck ;;
 	esac
 done
+# Under EMM_BACKEND=managed, whether initcheck follows managed memory at all.
+if [ "${EMM_BACKEND:-}" = managed ] && [ ${#cases[@]} -gt 1 ]; then
+	row managed-uninit initcheck info --tool initcheck
+fi
 echo "logs: $logs"
 exit $fail

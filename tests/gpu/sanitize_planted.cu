@@ -31,6 +31,8 @@
  *   pinned-leak a 1000-byte cudaMallocHost block never freed (memcheck
  *              --leak-check full: whatever the tool says without libemm,
  *              it must say with libemm, whose pinned region stays live)
+ *   managed-uninit a fresh cudaMallocManaged block read before any write
+ *              (informational: does initcheck follow managed memory?)
  *   clean      all of the above done right: no report in either run
  *
  * Prints "libemm: loaded" or "libemm: absent" so the runner knows which
@@ -129,6 +131,13 @@ int main(int argc, char **argv)
 		cudaMalloc(&b, 1000);
 		printf("reused: %s\n", a == b ? "same address" : "other address");
 		copy<<<4, 256>>>(b, out, 1000); /* reads b before any write */
+		sync_quiet();
+		cudaFree(b);
+	} else if (strcmp(c, "managed-uninit") == 0) {
+		/* Does initcheck follow managed memory at all? A fresh managed
+		 * block read before any write (informational). */
+		cudaMallocManaged(&b, 1000, cudaMemAttachGlobal);
+		copy<<<4, 256>>>(b, out, 1000);
 		sync_quiet();
 		cudaFree(b);
 	} else if (strcmp(c, "capture") == 0) {
