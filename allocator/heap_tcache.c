@@ -561,7 +561,7 @@ bool emm_tcache_free(struct emm_block *b)
 	BUMP(d->requested, -(int64_t)requested);
 	/* By bytes only at the hard bound: below it a miss that needs the
 	 * memory closes the epoch (emm_tcache_alloc, emm_tcache_pressure_locked). */
-	if (fenced && (tc->npend >= h->p.epoch_max_blocks || LD(tc->d.pend_bytes) >= h->epoch_hard_bytes))
+	if (fenced && (tc->npend >= h->p.epoch_max_blocks || LD(tc->d.pend_bytes) >= h->epoch_free_bytes))
 		close_pending(tc);
 	return true;
 }

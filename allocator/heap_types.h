@@ -189,12 +189,13 @@ struct arena {
 	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
-	size_t epoch_hard_bytes; /* a synchronous free closes the open epoch at these bytes */
+	size_t epoch_free_bytes; /* a synchronous free closes the open epoch at these bytes */
 };
 
 /* Freed bytes close an epoch when a miss needs memory and they reach
  * p.epoch_max_bytes; a synchronous free closes it by bytes only at this
- * many times that (the hard bound on what an open epoch parks). */
+ * many times that (the hard bound on what an open epoch parks), or at
+ * p.epoch_max_bytes on a heap with a release threshold (heap.c). */
 #define EPOCH_HARD_FACTOR 16u
 
 /*

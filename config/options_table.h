@@ -150,7 +150,8 @@ static const char *const vmm_names[] = {
 	  "allocation needs its memory)")                                                             \
 	X(EPOCH_BYTES, epoch_bytes, SIZE, Z(64 * MIB), "bytes", FLAGS(F_NONZERO),                     \
 	  "An allocation that misses closes the open free epoch once it holds this many freed "      \
-	  "bytes; a free closes it by bytes only at 16 times this")                                  \
+	  "bytes; a free closes it by bytes only at 16 times this (at this with a release "           \
+	  "threshold set)")                                                                           \
 	X(PENDING_LIMIT, pending_limit, SIZE, Z(1024 * MIB), "bytes", NOLIMIT,                        \
 	  "A miss that would reserve more memory while this many freed bytes still wait for their "   \
 	  "fences first waits (bounded) for the oldest fences; 0: never wait")                        \

@@ -13,7 +13,8 @@
  *   - frees no allocation asks for again record nothing;
  *   - the bytes close at the miss serves a request no single pending block
  *     fits (the freed neighbours merge), and the hard bound still closes at
- *     the free;
+ *     the free; so does EMM_EPOCH_BYTES on a heap with a release threshold
+ *     (the memory goes back at the free);
  *   - the fence rules stay: a block freed while a non-blocking stream is
  *     busy is not reused until both the legacy and that stream's events
  *     complete;
@@ -219,6 +220,25 @@ TEST_BEGIN(test_bytes_close_at_miss)
 }
 TEST_END
 
+/* A heap with a release threshold closes by bytes at the free, as before:
+ * the freed 64 MiB segment goes back at once. */
+TEST_BEGIN(test_release_threshold_closes_at_free)
+{
+	struct emm_heap_params p = params(false);
+	p.release_threshold = 0;
+	emm_heap_t *h = setup(&p, SIZE_MAX);
+	assert_ptr_not_null(h);
+
+	xfree(xalloc(h, 64 * MIB, 0), 0);
+	struct emm_stats st = heap_stats(h);
+	expect_u64_eq(st.epochs_closed, 1);
+	expect_u64_eq(st.backend_frees, 1);
+	expect_u64_eq(st.reserved_bytes, 0);
+	CHECKH(h);
+	teardown(h);
+}
+TEST_END
+
 /* Below the bytes, a miss grows as before (the count rule's pressure aside):
  * a 16 MiB LIFO loop keeps four blocks and closes one epoch per four pairs. */
 TEST_BEGIN(test_lifo_16m_amortized)
@@ -317,7 +337,8 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_lifo_64m, test_lifo_64m_tcache, test_lifo_64m_idle_stream, test_lifo_256m,
-	                    test_unneeded_frees_record_nothing, test_bytes_close_at_miss, test_lifo_16m_amortized,
+	                    test_unneeded_frees_record_nothing, test_bytes_close_at_miss, test_release_threshold_closes_at_free,
+	                    test_lifo_16m_amortized,
 	                    test_busy_stream_waits, test_busy_stream_waits_tcache, test_tcache_bytes_at_miss,
 	                    NULL);
 }
