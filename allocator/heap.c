@@ -181,9 +181,15 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 		else
 			pending_add(h, h->open, b); /* the wait failed: fence it instead */
 	} else {
+		/* By count here; by bytes only at the hard bound (or with a
+		 * release threshold, at EMM_EPOCH_BYTES: arena_create): below it
+		 * the bytes close the epoch when a miss needs memory
+		 * (epoch_pressure, heap_alloc.c), so a large block freed and
+		 * allocated again pays its close on the allocation, and frees
+		 * nothing asks for again pay none. */
 		struct emm_fence *ep = h->open;
 		pending_add(h, ep, b);
-		if (ep->nblocks >= h->p.epoch_max_blocks || ep->bytes >= h->p.epoch_max_bytes)
+		if (ep->nblocks >= h->p.epoch_max_blocks || ep->bytes >= h->epoch_free_bytes)
 			emm_heap_close_epoch(h);
 	}
 	/* The threshold applies per arena. */
@@ -285,6 +291,17 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	h->pending_limit = params->pending_limit;
 	if (h->p.epoch_max_blocks == 0)
 		h->p.epoch_max_blocks = 1;
+	if (h->p.epoch_max_bytes == 0)
+		h->p.epoch_max_bytes = 1;
+	/* With a release threshold a free closes by bytes at once, as before:
+	 * the memory is wanted back (by other processes), and a block parked
+	 * in an open epoch cannot go. */
+	if (h->p.release_threshold != SIZE_MAX)
+		h->epoch_free_bytes = h->p.epoch_max_bytes;
+	else if (h->p.epoch_max_bytes > SIZE_MAX / EPOCH_HARD_FACTOR)
+		h->epoch_free_bytes = SIZE_MAX;
+	else
+		h->epoch_free_bytes = h->p.epoch_max_bytes * EPOCH_HARD_FACTOR;
 	h->src = *src;
 	if (fence) {
 		h->fops = *fence;

@@ -80,7 +80,8 @@ struct emm_heap_params {
 	enum emm_free_mode free_mode;
 	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (32),
 				      * or half as many when an allocation needs its memory */
-	size_t epoch_max_bytes;	     /* ... or this many bytes (64 MiB) */
+	size_t epoch_max_bytes;	     /* an allocation that misses closes it once it holds this many
+				      * bytes (64 MiB); a free closes by bytes only at 16 times this */
 	bool host_accessible;	     /* the host touches the blocks (pinned memory): reuse waits for every
 				      * fence event to complete, even with no non-blocking stream alive */
 	size_t pending_limit;	     /* a miss that would reserve more while the arena holds more than

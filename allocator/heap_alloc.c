@@ -38,12 +38,18 @@ static int grow_segment(struct arena *h, unsigned pool, size_t seg_size, size_t 
 	return r;
 }
 
-/* The open epoch holds a block that could serve `rounded` and has seen
- * half its quota of frees (see emm_heap_alloc_slow). Lock held. */
+/* Should a miss close the open epoch (see emm_heap_alloc_slow)? When it
+ * holds a block that could serve `rounded` and has seen half its quota of
+ * frees, or when it holds p.epoch_max_bytes (and at least `rounded`) with
+ * blocks of the miss's pool among them: the close by bytes, which a
+ * synchronous free no longer does below the hard bound (emm_heap_free).
+ * Lock held. */
 static inline bool epoch_pressure(const struct arena *h, unsigned pool, size_t rounded)
 {
 	const struct emm_fence *ep = h->open;
 
+	if (ep->bytes >= h->p.epoch_max_bytes && ep->bytes >= rounded && ep->max_size[pool])
+		return true;
 	return ep->max_size[pool] >= rounded && ep->nblocks >= (h->p.epoch_max_blocks + 1) / 2;
 }
 
@@ -118,7 +124,14 @@ int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t s
 	 * seen half its quota of frees. Half, not less: a loop of alloc/kernel/
 	 * free then records one event per epoch_max_blocks/2 pairs (0.0625 at
 	 * the default 32, measured on the H200), while the memory parked in an
-	 * open epoch stays bounded by half the quota. */
+	 * open epoch stays bounded by half the quota. Or it holds
+	 * epoch_max_bytes: the close by bytes happens here, when memory is
+	 * needed, not at the free that passed them (a 64 MiB block freed and
+	 * allocated again closes one epoch per pair either way, but frees
+	 * that no allocation asks for again close none). The close is polled
+	 * at once: with every non-blocking stream idle its one legacy event
+	 * may have completed already (and with none alive the blocks are
+	 * ready without a poll). */
 	emm_tcache_pressure_locked(h, rounded);
 	if (epoch_pressure(h, pool, rounded) && emm_heap_close_epoch(h) == 0) {
 		if ((b = find_block(h, pool, rounded, stream)))

@@ -10,8 +10,9 @@
  * thread than its allocator's goes the shared way). Two lists:
  *
  *   - pending: freed, not yet reusable (fence mode): the thread's own epoch.
- *     After the epoch quota (EMM_EPOCH_BLOCKS or _BYTES) it is closed in
- *     one arena lock (emm_heap_close_blocks): one event on the legacy stream,
+ *     After EMM_EPOCH_BLOCKS frees (or 16 times EMM_EPOCH_BYTES, the hard
+ *     bound), or at an allocation that misses while it holds EMM_EPOCH_BYTES,
+ *     it is closed in one arena lock (emm_heap_close_blocks): one event on the legacy stream,
  *     exactly as the shared open epoch closes, whose blocks join it (so
  *     every synchronous free still counts towards an epoch close). When the
  *     arena misses and half the quota is pending with a block that could
@@ -403,6 +404,17 @@ static struct tcache *tc_get(struct emm_heap *heap, struct arena *h)
 	return alive ? tc : NULL;
 }
 
+static void close_pending(struct tcache *tc);
+
+/* Does the thread's epoch hold the bytes for a miss of `rounded` to close
+ * it (as epoch_pressure for the arena's open epoch, heap_alloc.c)? */
+static inline bool tc_pressure_bytes(const struct tcache *tc, size_t rounded)
+{
+	size_t bytes = LD(tc->d.pend_bytes);
+
+	return tc->pend && bytes >= tc->arena->p.epoch_max_bytes && bytes >= rounded;
+}
+
 bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size_t size,
                       emm_stream_t stream, struct emm_block **ret)
 {
@@ -420,8 +432,17 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 	for (; (b = *pp); pp = &b->link)
 		if (b->size >= rounded && b->pool == pool)
 			break;
-	if (!b)
-		return false;
+	if (!b) {
+		/* The epoch's close by bytes, now that memory is needed. */
+		if (!tc_pressure_bytes(tc, rounded))
+			return false;
+		close_pending(tc);
+		for (pp = &tc->bins[c]; (b = *pp); pp = &b->link)
+			if (b->size >= rounded && b->pool == pool)
+				break;
+		if (!b)
+			return false;
+	}
 	*pp = b->link;
 	tc->nbin[c]--;
 	tc->ready_bytes -= b->size;
@@ -538,7 +559,9 @@ bool emm_tcache_free(struct emm_block *b)
 	BUMP(d->live, -1);
 	BUMP(d->allocated, -(int64_t)size);
 	BUMP(d->requested, -(int64_t)requested);
-	if (fenced && (tc->npend >= h->p.epoch_max_blocks || LD(tc->d.pend_bytes) >= h->p.epoch_max_bytes))
+	/* By bytes only at the hard bound: below it a miss that needs the
+	 * memory closes the epoch (emm_tcache_alloc, emm_tcache_pressure_locked). */
+	if (fenced && (tc->npend >= h->p.epoch_max_blocks || LD(tc->d.pend_bytes) >= h->epoch_free_bytes))
 		close_pending(tc);
 	return true;
 }
@@ -547,8 +570,10 @@ void emm_tcache_pressure_locked(struct arena *h, size_t rounded)
 {
 	struct tcache *tc = tls_tc;
 
-	if (!tc_bound(tc, h->owner) || tc->arena != h || tc->pend_max < rounded ||
-	    tc->npend < (h->p.epoch_max_blocks + 1) / 2)
+	if (!tc_bound(tc, h->owner) || tc->arena != h)
+		return;
+	if (!tc_pressure_bytes(tc, rounded) &&
+	    (tc->pend_max < rounded || tc->npend < (h->p.epoch_max_blocks + 1) / 2))
 		return;
 	pending_to_open(tc);
 }

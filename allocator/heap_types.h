@@ -189,7 +189,14 @@ struct arena {
 	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
+	size_t epoch_free_bytes; /* a synchronous free closes the open epoch at these bytes */
 };
+
+/* Freed bytes close an epoch when a miss needs memory and they reach
+ * p.epoch_max_bytes; a synchronous free closes it by bytes only at this
+ * many times that (the hard bound on what an open epoch parks), or at
+ * p.epoch_max_bytes on a heap with a release threshold (heap.c). */
+#define EPOCH_HARD_FACTOR 16u
 
 /*
  * A heap is a set of arenas, one per CPU by default (at most MAX_ARENAS,

@@ -149,7 +149,9 @@ static const char *const vmm_names[] = {
 	  "Close the open free epoch after this many synchronous frees (half as many when an "         \
 	  "allocation needs its memory)")                                                             \
 	X(EPOCH_BYTES, epoch_bytes, SIZE, Z(64 * MIB), "bytes", FLAGS(F_NONZERO),                     \
-	  "Close the open free epoch after this many freed bytes")                                    \
+	  "An allocation that misses closes the open free epoch once it holds this many freed "      \
+	  "bytes; a free closes it by bytes only at 16 times this (at this with a release "           \
+	  "threshold set)")                                                                           \
 	X(PENDING_LIMIT, pending_limit, SIZE, Z(1024 * MIB), "bytes", NOLIMIT,                        \
 	  "A miss that would reserve more memory while this many freed bytes still wait for their "   \
 	  "fences first waits (bounded) for the oldest fences; 0: never wait")                        \

@@ -2,9 +2,9 @@
 /*
  * test-heap: the caching allocator's rules one at a time, with
  * emm_heap_check after every step. Splitting and coalescing, best fit and
- * exact reuse, stream-keyed reuse and stealing, epochs (count, bytes,
- * pressure, the no-non-blocking-stream fast path, capture), fences that
- * complete only when the test says so, stream destroy, the strict and
+ * exact reuse, stream-keyed reuse and stealing, epochs (count, bytes at
+ * the hard bound, pressure, the no-non-blocking-stream fast path,
+ * capture), fences that complete only when the test says so, stream destroy, the strict and
  * stream free modes, the OOM retry, release, and the error codes.
  */
 #include <errno.h>
@@ -513,7 +513,8 @@ TEST_BEGIN(test_epoch_nonblocking)
 }
 TEST_END
 
-/* Closing by bytes. */
+/* Closing by bytes at the free: only at the hard bound (16 x
+ * epoch_max_bytes); below it a miss closes by bytes (test-heap-lazy). */
 TEST_BEGIN(test_epoch_bytes)
 {
 	struct emm_heap_params p = defaults();
@@ -523,12 +524,14 @@ TEST_BEGIN(test_epoch_bytes)
 	emm_addr_t a = xalloc(h, 512 * KIB, 0);
 	emm_addr_t b = xalloc(h, 512 * KIB, 0);
 	emm_addr_t c = xalloc(h, 4 * MIB, 0);
+	emm_addr_t d = xalloc(h, 12 * MIB, 0);
 	xfree(a, 0);
-	expect_u64_eq(heap_stats(h).epochs_closed, 0);
 	xfree(b, 0);
+	xfree(c, 0);
+	expect_u64_eq(heap_stats(h).epochs_closed, 0);
+	expect_u64_eq(heap_stats(h).pending_bytes, 5 * MIB);
+	xfree(d, 0); /* 17 MiB: past the hard bound */
 	expect_u64_eq(heap_stats(h).epochs_closed, 1);
-	xfree(c, 0); /* alone over the limit */
-	expect_u64_eq(heap_stats(h).epochs_closed, 2);
 	expect_u64_eq(heap_stats(h).pending_bytes, 0);
 	CHECKH(h);
 	teardown(h);
