@@ -89,15 +89,23 @@ EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *
 	return r;
 }
 
-/* Rewrite the range attributes the driver reported for the segment. */
-static void fix_range_attribute(CUpointer_attribute attribute, void *data, CUdeviceptr base, size_t size)
+/* Rewrite the range attributes the driver reported for the segment, and
+ * the context it reported as none (a VMM-backed segment belongs to no
+ * context; the program's cudaMalloc block belongs to its heap's). */
+static void fix_range_attribute(CUpointer_attribute attribute, void *data, CUdeviceptr ptr, CUdeviceptr base,
+                                size_t size)
 {
+	CUcontext ctx;
+
 	if (!data)
 		return;
 	if (attribute == CU_POINTER_ATTRIBUTE_RANGE_START_ADDR)
 		memcpy(data, &base, sizeof(base));
 	else if (attribute == CU_POINTER_ATTRIBUTE_RANGE_SIZE)
 		memcpy(data, &size, sizeof(size));
+	else if (attribute == CU_POINTER_ATTRIBUTE_CONTEXT && !*(CUcontext *)data &&
+	         emm_serve_block_context((emm_addr_t)ptr, &ctx) == 0)
+		memcpy(data, &ctx, sizeof(ctx));
 }
 
 EMM_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
@@ -111,7 +119,7 @@ EMM_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribut
 		return r;
 	found = block_range(ptr, &base, &size);
 	if (found == 0)
-		fix_range_attribute(attribute, data, base, size);
+		fix_range_attribute(attribute, data, ptr, base, size);
 	else if (found == -ENXIO)
 		r = CUDA_ERROR_INVALID_VALUE; /* the driver's answer for memory nobody holds */
 	return r;
@@ -127,7 +135,7 @@ EMM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
 
 	if (r == CUDA_SUCCESS && attributes && data && emm_state_enabled() && block_range(ptr, &base, &size) == 0)
 		for (unsigned int i = 0; i < numAttributes; i++)
-			fix_range_attribute(attributes[i], data[i], base, size);
+			fix_range_attribute(attributes[i], data[i], ptr, base, size);
 	return r;
 }
 

@@ -429,6 +429,10 @@ void emm_serve_foreign_free_end(enum emm_state_counter which, emm_addr_t addr, c
 /* The live block containing `addr`: 0 and *ret_range; -ENXIO inside one of
  * libemm's segments but in no live block; -ENOENT not libemm's memory. */
 int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
+/* The context whose device heap holds the live block at addr (the driver
+ * names no context for a VMM-backed segment, libemm knows the block's):
+ * 0, or -ENOENT (not a device block of libemm's). */
+int emm_serve_block_context(emm_addr_t addr, CUcontext *ret_ctx);
 
 /* === the VMM calls and their cache (vmm.c, vmm_idle.c) ===================== */
 

@@ -339,6 +339,11 @@ void fake_pool_reset_locked(void);
 
 /* Forget every reservation, mapping and physical allocation (reset). */
 void fake_vmm_reset_locked(void);
+/* cuPointerGetAttribute of an address inside a VMM mapping (context NULL,
+ * as the driver answers); CUDA_ERROR_NOT_FOUND when p is mapped nowhere. */
+CUresult fake_vmm_pointer_attribute_locked(uintptr_t p, CUpointer_attribute attr, void *data);
+/* [p, p+n) lies inside one VMM mapping. */
+bool fake_vmm_mapped_range_locked(uintptr_t p, size_t n);
 
 /* --- fake_stream.c --- */
 

@@ -985,9 +985,11 @@ FAKE_API CUresult cuPointerGetAttribute(void *data, CUpointer_attribute attribut
 		r = CUDA_ERROR_INVALID_VALUE;
 	if (r == CUDA_SUCCESS) {
 		struct alloc *a = find((uintptr_t)ptr);
-		if (!a)
-			r = CUDA_ERROR_INVALID_VALUE;
-		else
+		if (!a) {
+			r = fake_vmm_pointer_attribute_locked((uintptr_t)ptr, attribute, data);
+			if (r == CUDA_ERROR_NOT_FOUND)
+				r = CUDA_ERROR_INVALID_VALUE;
+		} else
 			r = pointer_attribute(a, (uintptr_t)ptr, attribute, data, false);
 	}
 	fake_unlock();
@@ -1025,7 +1027,9 @@ FAKE_API CUresult cuPointerGetAttributes(unsigned int numAttributes, CUpointer_a
 static bool device_range_ok(uintptr_t p, size_t n)
 {
 	const struct alloc *a = find(p);
-	return a && n <= a->size - (p - a->base);
+	if (!a) /* mapped VMM memory is device memory too */
+		return fake_vmm_mapped_range_locked(p, n);
+	return n <= a->size - (p - a->base);
 }
 
 bool fake_mem_device_range_locked(uintptr_t p, size_t n)

@@ -374,6 +374,52 @@ static struct vmm_mapping *mapping_at(uintptr_t p)
 	return NULL;
 }
 
+bool fake_vmm_mapped_range_locked(uintptr_t p, size_t n)
+{
+	struct vmm_mapping *m = mapping_at(p);
+
+	return m && n <= m->size - (p - m->addr);
+}
+
+CUresult fake_vmm_pointer_attribute_locked(uintptr_t p, CUpointer_attribute attr, void *data)
+{
+	struct vmm_mapping *m = mapping_at(p);
+	struct vmm_alloc *va = m ? handle_get(m->handle) : NULL;
+
+	if (!m)
+		return CUDA_ERROR_NOT_FOUND;
+	/* What the driver (580) answers for mapped VMM memory: no context
+	 * owns it, the device of its physical allocation does. */
+	switch (attr) {
+	case CU_POINTER_ATTRIBUTE_CONTEXT:
+		*(CUcontext *)data = NULL;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+		*(unsigned int *)data = CU_MEMORYTYPE_DEVICE;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+		*(CUdeviceptr *)data = (CUdeviceptr)p;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+		*(int *)data = va ? va->prop.location.id : 0;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+		*(CUdeviceptr *)data = (CUdeviceptr)m->addr;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+		*(size_t *)data = m->size;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_MAPPED:
+		*(int *)data = 1;
+		return CUDA_SUCCESS;
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE:
+		*(int *)data = 0;
+		return CUDA_SUCCESS;
+	default:
+		return CUDA_ERROR_INVALID_VALUE;
+	}
+}
+
 FAKE_API CUresult cuMemGetAccess(unsigned long long *flags, const CUmemLocation *location, CUdeviceptr ptr)
 {
 	FAKE_ENTER(cuMemGetAccess);
