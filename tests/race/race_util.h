@@ -190,6 +190,9 @@ static inline struct emm_stats race_stats_delta(const struct emm_stats &a, const
 	RACE_D(stream_waits);
 	RACE_D(host_waits);
 	RACE_D(epochs_closed);
+	RACE_D(page_unmaps);
+	RACE_D(page_maps);
+	RACE_D(segment_grows);
 #undef RACE_D
 	return d;
 }
