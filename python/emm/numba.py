@@ -37,6 +37,8 @@ _CU_MEMHOSTALLOC_PORTABLE = 0x01
 _CU_MEMHOSTALLOC_DEVICEMAP = 0x02
 _CU_MEMHOSTALLOC_WRITECOMBINED = 0x04
 _CUDA_ERROR_OUT_OF_MEMORY = 2
+_CUDA_ERROR_NOT_SUPPORTED = 801
+_NO_IPC_BACKENDS = ("vmm", "async", "managed")
 
 # NVIDIA's cuda-python binding: always in numba-cuda (no USE_NV_BINDING any
 # more), optional in older Numba (ctypes pointers otherwise).
@@ -74,6 +76,18 @@ class EMMNumbaManager(GetIpcHandleMixin, HostOnlyCUDAMemoryManager):
 
     def initialize(self):
         emm.library_path()  # load libemm now: a missing library fails at context creation
+
+    def get_ipc_handle(self, memory):
+        """NBEP 7's offset protocol (GetIpcHandleMixin) over libemm's block; a clear
+        CUDA_ERROR_NOT_SUPPORTED under a built-in backend whose memory cuIpcGetMemHandle
+        cannot export (vmm, async, managed), as libemm answers under the preload."""
+        backend = emm.settings().get("EMM_BACKEND", "driver")
+        if backend in _NO_IPC_BACKENDS:
+            raise _driver.CudaAPIError(
+                _CUDA_ERROR_NOT_SUPPORTED,
+                "libemm's %s backend: its memory cannot be exported with cuIpcGetMemHandle "
+                "(run with EMM_BACKEND=driver to share it)" % backend)
+        return super().get_ipc_handle(memory)
 
     def _device(self):
         return self.context.device.id

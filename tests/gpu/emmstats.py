@@ -93,6 +93,18 @@ def import_torch():
     return torch
 
 
+def ipc_refused_by_backend(exc):
+    """Skip the step (raise Skip) when exc is the clear refusal to export a block
+    that a libemm backend whose memory the driver cannot share gives
+    (EMM_BACKEND=vmm, async, managed: CUDA_ERROR_NOT_SUPPORTED); return otherwise."""
+    backend = os.environ.get("EMM_BACKEND", "")
+    text = str(exc)
+    if backend in ("vmm", "async", "managed") and (
+            "not supported" in text.lower() or "NotSupported" in text or "NOT_SUPPORTED" in text or "801" in text):
+        raise Skip("EMM_BACKEND=%s: its memory cannot be exported with cuIpcGetMemHandle; refused clearly (%s)"
+                   % (backend, text.splitlines()[0][:100] if text else type(exc).__name__))
+
+
 class Skip(Exception):
     """Raised by a step run through Case.run: that step is skipped (why)."""
 

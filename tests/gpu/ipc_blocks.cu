@@ -30,6 +30,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -421,6 +422,32 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	printf("ipc-blocks-%s: blocks of one libemm segment shared with other processes\n", api_name());
+	/* A backend whose memory the driver cannot export (vmm: cuIpcGetMemHandle
+	 * refuses VMM memory) must refuse clearly and lose nothing. */
+	const char *backend = getenv("EMM_BACKEND");
+	if (backend && *backend && strcmp(backend, "driver") != 0) {
+		CUdeviceptr d = 0;
+		CUipcMemHandle h;
+		if (dev_alloc(&d, 4096) != 0) {
+			printf("FAIL: allocation under EMM_BACKEND=%s\n", backend);
+			return 1;
+		}
+		fill(d, 4096, 7);
+		int code = export_handle(d, &h);
+		if (code != 0) {
+			bool ok = code == (use_driver ? (int)CUDA_ERROR_NOT_SUPPORTED : (int)cudaErrorNotSupported) &&
+			          check(d, 4096, 7, 0) == 0 && dev_free(d) == 0;
+			printf("%s: EMM_BACKEND=%s: export refused with %d (want not-supported), block intact and freed: %s\n",
+			       ok ? "ok" : "FAIL", backend, code, ok ? "yes" : "no");
+			cudaGetLastError();
+			if (!ok)
+				return 1;
+			printf("EMM-PARTIAL: ran 1, skipped 3 (EMM_BACKEND=%s: its memory cannot be exported, "
+			       "refused clearly)\n", backend);
+			return 0;
+		}
+		dev_free(d);
+	}
 	static emm_test_fn tests[] = {test_blocks_shared_with_a_libemm_importer, test_importer_without_libemm,
 	                              test_exporter_exit, NULL};
 	int rc = emm_test_run_list(tests);

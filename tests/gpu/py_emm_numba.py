@@ -12,6 +12,7 @@ import sys
 os.environ["NUMBA_CUDA_MEMORY_MANAGER"] = "emm.numba"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from emmpkg import DEVICE, PINNED, package_case, skip  # noqa: E402
+from emmstats import ipc_refused_by_backend  # noqa: E402
 
 try:
     import numpy
@@ -112,7 +113,11 @@ def test_ipc():
     import multiprocessing as mp
     n = 1 << 16
     d = cuda.to_device(numpy.full(n, 3, numpy.float32))
-    h = d.get_ipc_handle()
+    try:
+        h = d.get_ipc_handle()
+    except Exception as e:
+        ipc_refused_by_backend(e)
+        raise
     print("IPC handle: %s" % ", ".join("%s=%r" % (k, getattr(h, k)) for k in ("offset", "size", "base_size")
                                       if hasattr(h, k)), flush=True)
     ctx = mp.get_context("spawn")

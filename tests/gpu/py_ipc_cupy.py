@@ -12,7 +12,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from emmstats import Case, skip  # noqa: E402
+from emmstats import Case, ipc_refused_by_backend, skip  # noqa: E402
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "export"
 case = Case("py-ipc-cupy" if MODE == "export" else "py-ipc-cupy-" + MODE)
@@ -107,7 +107,11 @@ def plain():
 def test_share_with_libemm_importer():
     arrays = [cupy.asarray(expected(i, n)) for i, n in enumerate(SIZES)]
     cupy.cuda.Device().synchronize()
-    handles = [rt.ipcGetMemHandle(a.data.ptr).hex() for a in arrays]
+    try:
+        handles = [rt.ipcGetMemHandle(a.data.ptr).hex() for a in arrays]
+    except Exception as e:
+        ipc_refused_by_backend(e)
+        raise
     offsets = [a.data.ptr - arrays[0].data.ptr for a in arrays]
     case.check(len(set(handles)) == len(handles), "two arrays got the same handle")
     p = child("import", {"handles": handles, "offsets": offsets}, os.environ.copy())
@@ -126,8 +130,13 @@ def test_importer_without_libemm():
     cupy.cuda.Device().synchronize()
     env = os.environ.copy()
     env.pop("LD_PRELOAD", None)
-    p = child("plain", {"sub": rt.ipcGetMemHandle(small[1].data.ptr).hex(),
-                        "whole": rt.ipcGetMemHandle(whole.data.ptr).hex()}, env)
+    try:
+        handles = {"sub": rt.ipcGetMemHandle(small[1].data.ptr).hex(),
+                   "whole": rt.ipcGetMemHandle(whole.data.ptr).hex()}
+    except Exception as e:
+        ipc_refused_by_backend(e)
+        raise
+    p = child("plain", handles, env)
     line = read_until(p, "done")
     p.stdin.close()
     rc = p.wait()

@@ -63,7 +63,7 @@ def without_libemm_refuses_too(err):
 
 
 def main():
-    from emmstats import Case, import_torch
+    from emmstats import Case, import_torch, ipc_refused_by_backend
     case = Case("py-ipc-torch-" + MODE)
     torch = import_torch()
     import torch.multiprocessing as mp
@@ -79,9 +79,10 @@ def main():
         for i, t in enumerate(ts):
             try:
                 handle = t.untyped_storage()._share_cuda_()[1]
-            except RuntimeError as e:
+            except Exception as e:
                 if MODE == "nocache" and "invalid device pointer" in str(e):
                     without_libemm_refuses_too(e)
+                ipc_refused_by_backend(e)
                 raise
             # PyTorch prefixes the IPC handle with its own type byte(s).
             case.check(MAGIC in bytes(handle),
