@@ -38,8 +38,10 @@
  * cuMemMap, cuMemSetAccess, then cuMemUnmap, cuMemRelease,
  * cuMemAddressFree - served by libemm's VMM cache: its own host work per
  * cached buffer without a real driver under it; with --nb-streams 18
- * (XLA's non-blocking streams per GPU) the fence events it records at each
- * free and queries at each reuse are among the counted driver calls.
+ * (XLA's non-blocking streams per GPU) the fence's calls - one
+ * cuStreamQuery per stream and the legacy event at each free (an event
+ * only on a busy stream), the event queries at each reuse - are among the
+ * counted driver calls.
  *
  * Prints per thread count: million pairs per second (all threads), and the
  * driver calls per pair that reached the fake in the timed section (the

@@ -23,7 +23,8 @@
  * a POSIX file descriptor handle type requested, the granularity as the
  * reservation's alignment), alone, with the cuCtxSynchronize XLA makes
  * before each unmap, and with XLA's 18 idle non-blocking streams alive
- * (libemm's fence records an event on each at every cached free), at 2, 8
+ * (libemm's fence asks each with cuStreamQuery at every cached free and
+ * records an event only on busy ones), at 2, 8
  * and 64 MiB (under libemm the sequence is served by its VMM cache; the
  * "hits" columns then count VMM cache hits):
  * 0.3 s of untimed pairs through every path first, then three
@@ -71,7 +72,8 @@ static const size_t vmm_sizes[] = {2u << 20, 8u << 20, 64u << 20};
 /* Non-blocking streams XLA keeps per GPU (pjrt/local_device_state.h: the
  * compute and host-to-device streams, 4 device-to-host, 4 device-to-device,
  * 4 fixed-size-pool usage, 4 external-ready; callback streams besides):
- * libemm fences a freed VMM buffer on each live non-blocking stream. */
+ * libemm asks each live non-blocking stream at a cached VMM free and fences
+ * the busy ones. */
 enum { XLA_STREAMS = 18 };
 static CUstream xla_streams[XLA_STREAMS];
 static const char *vmm_size_names[] = {"2 MiB", "8 MiB", "64 MiB"};

@@ -18,8 +18,8 @@
 # cuMemRelease + cuMemAddressFree) at 2, 8 and 64 MiB, raw and from libemm's
 # VMM cache (with the cache's hits of the timed sequences), alone, with the
 # cuCtxSynchronize XLA makes before each unmap (its fixed cost on an idle
-# device), and with XLA's 18 non-blocking streams alive (libemm fences each
-# cached free on every one). With $OUT set the whole report also goes to
+# device), and with XLA's 18 non-blocking streams alive (libemm asks each at
+# a cached free, cuStreamQuery, and fences the busy ones). With $OUT set the whole report also goes to
 # $OUT/bench-paths.md.
 #
 # usage: tests/gpu/run-bench-paths.sh [BUILDDIR]
@@ -120,8 +120,8 @@ report=$tmp/report.md
 	echo "cuMemRelease + cuMemAddressFree, XLA's order and properties (bench-paths.cu). libemm: served"
 	echo "by its VMM cache (hits = timed sequences the cache served). + sync: with XLA's cuCtxSynchronize"
 	echo "before the unmap, on an idle device (its fixed cost only; in XLA it also waits for queued work)."
-	echo "+ 18 streams: XLA's idle non-blocking streams alive (libemm records a fence event on each at a"
-	echo "cached free and queries them at the reuse). libemm's host time per JAX step = VMM allocations"
+	echo "+ 18 streams: XLA's idle non-blocking streams alive (libemm asks each with cuStreamQuery at a"
+	echo "cached free and records an event only on busy ones). libemm's host time per JAX step = VMM allocations"
 	echo "per step (tests/bench/run-jax.sh) x column (e), the closer to XLA's process."
 	echo
 	awk -F'\t' '

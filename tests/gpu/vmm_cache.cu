@@ -13,6 +13,9 @@
  *           A is freed: the next allocation of A's size does not get A
  *           while the kernel runs (and the data of what it got survives);
  *           libemm run only (without it the free unmaps under the kernel)
+ *   fence-streams  the same with XLA's 18 idle non-blocking streams alive
+ *           (they get no fence event), and once the kernel has ended the
+ *           freed buffer comes back from the cache; libemm run only
  *   sleep   unmap + release keeping the range (vLLM's sleep): NVML's used
  *           memory drops by the buffer's size within 500 ms; map again works
  *   share   a handle made shareable (POSIX fd), exported and imported back:
@@ -272,6 +275,55 @@ static void case_fence(void)
 	OK(cuStreamDestroy(s));
 }
 
+/* --- fence with XLA's streams -------------------------------------------------- */
+
+/* XLA keeps 18 non-blocking streams per GPU. At a cached free libemm asks
+ * each (cuStreamQuery) and records an event only on the busy ones: with 18
+ * idle streams and a kernel still writing A on a 19th, A is not handed back
+ * while the kernel runs, and once it has ended the cache serves A again. */
+static void case_fence_streams(void)
+{
+	enum { NIDLE = 18 };
+	const size_t size = 24 * MIB;
+	struct emm_stats s0, s1;
+	CUstream idle[NIDLE], s;
+	struct buf a, b, c;
+	bool running;
+
+	if (!g_emm) {
+		printf("fence-streams: needs libemm (skipped in the EMM_DISABLE=1 run)\n");
+		return;
+	}
+	for (int i = 0; i < NIDLE; i++)
+		OK(cuStreamCreate(&idle[i], CU_STREAM_NON_BLOCKING));
+	OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+	OK(xla_alloc(&a, size));
+	spin_fill<<<64, 256, 0, (cudaStream_t)s>>>((unsigned *)(uintptr_t)a.va, size / 4, 0xdeadbeef, 300000000ll);
+	OK(xla_free(&a)); /* the kernel is still writing A; 18 streams idle */
+	OK(xla_alloc(&b, size));
+	running = cuStreamQuery(s) == CUDA_ERROR_NOT_READY;
+	if (running && b.va == a.va)
+		FAIL("fence-streams: the buffer freed under a running kernel was handed out again before it ended");
+	fill<<<256, 256>>>((unsigned *)(uintptr_t)b.va, size / 4, 9);
+	OK(cuStreamSynchronize(s));
+	OK(cuCtxSynchronize());
+	if (!check_fill(&b, 9))
+		FAIL("fence-streams: the new buffer's data was overwritten");
+	s0 = stats();
+	OK(xla_alloc(&c, size)); /* A's kernel has ended: A from the cache */
+	s1 = stats();
+	if (b.va != a.va && (c.va != a.va || s1.vmm_hits == s0.vmm_hits))
+		FAIL("fence-streams: after the kernel ended the freed buffer was not served from the cache");
+	printf("fence-streams: kernel running at the reuse: %s; new buffer %s; after the kernel %s\n",
+	       running ? "yes" : "no (inconclusive)", b.va == a.va ? "is the freed one" : "is another",
+	       c.va == a.va ? "the freed one from the cache" : "another");
+	OK(xla_free(&c));
+	OK(xla_free(&b));
+	OK(cuStreamDestroy(s));
+	for (int i = 0; i < NIDLE; i++)
+		OK(cuStreamDestroy(idle[i]));
+}
+
 /* --- sleep (NVML) ------------------------------------------------------------ */
 
 typedef struct {
@@ -377,6 +429,7 @@ int main(void)
 	case_codes();
 	case_xla();
 	case_fence();
+	case_fence_streams();
 	case_sleep();
 	case_share();
 	{
