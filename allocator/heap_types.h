@@ -187,6 +187,7 @@ struct arena {
 	bool has_last_fence;
 	struct emm_fence *last_fence_owner; /* pending fence whose events[0] it is */
 	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
+	bool lf_done; /* last_fence known complete (page give-back synchronized on it) */
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
 	size_t epoch_free_bytes; /* a synchronous free closes the open epoch at these bytes */
