@@ -39,7 +39,9 @@
  *     the candidates for release, oldest first.
  *   - granule bitmaps (page-granular heaps, heap_pages.c): per segment,
  *     which granules have memory behind them and which are being mapped.
- *     Only granules wholly inside a ready-any block may be unmapped.
+ *     Only granules wholly inside a ready-any block may be unmapped, and
+ *     only after the arena's last legacy event completed (lf_done): a
+ *     fast-path epoch's blocks are ready-any before it has.
  */
 #ifndef EMM_ALLOCATOR_HEAP_TYPES_H
 #define EMM_ALLOCATOR_HEAP_TYPES_H
