@@ -108,7 +108,10 @@ static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t si
 		r = emm_heap_alloc_map(h, pool, rounded, size, stream, &b);
 	} else {
 		r = emm_heap_alloc_slow(h, pool, rounded, size, stream, &b);
-		if (r == 0 && EMM_UNLIKELY(b->seg->unmapped))
+		/* A block borrowed from another arena had every page mapped when
+		 * taken (take_other_arena); its segment's counter is that
+		 * arena's, not ours to read. */
+		if (r == 0 && b->seg->arena == h && EMM_UNLIKELY(b->seg->unmapped))
 			r = emm_heap_alloc_map(h, pool, rounded, size, stream, &b);
 	}
 	addr = r ? 0 : b->addr;

@@ -109,7 +109,13 @@ struct emm_segment_source {
  * block (never one any part of which is live, pending a fence, ready for one
  * stream only, orphaned or reserved) may be unmapped: on the OOM retry,
  * above the release threshold (which then counts mapped idle bytes) and in
- * emm_heap_release_idle. A block handed out over unmapped granules gets them
+ * emm_heap_release_idle, and before a growth past the high-water mark
+ * (hold_peak). Unmapping is not stream-ordered, and a ready-any block may
+ * still be read by work enqueued before its free (a fast-path epoch, the
+ * stream free mode): every unmap, and every free of a page-granular
+ * segment, first waits for the arena's last legacy-stream event (the
+ * device in stream mode), once per event; during a capture, when it cannot
+ * wait, nothing is unmapped. A block handed out over unmapped granules gets them
  * mapped first (the lock dropped around the call; on failure the OOM retry
  * runs). reserved_bytes counts mapped bytes only.
  *

@@ -230,7 +230,7 @@ int emm_heap_alloc_map(struct arena *h, unsigned pool, size_t rounded, size_t si
 		emm_heap_oom_recover_others(h);
 		h->st.oom_retries++;
 		r = take_any(h, pool, rounded, size, stream, ret);
-		if (r == 0 && (*ret)->seg->unmapped) {
+		if (r == 0 && (*ret)->seg->arena == h && (*ret)->seg->unmapped) {
 			r = emm_pages_map_block(h, *ret);
 			if (r)
 				untake(h, *ret);

@@ -227,6 +227,7 @@ static void set_last_fence(struct arena *h, uint64_t ev, struct emm_fence *owner
 	}
 	h->last_fence = ev;
 	h->has_last_fence = true;
+	h->lf_done = false;
 	h->last_fence_owner = owner;
 	if (owner)
 		owner->keep_legacy = true;

@@ -347,6 +347,25 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b);
  * bytes given back. Lock held; dropped around the calls. */
 size_t emm_pages_release(struct arena *h, size_t keep);
 
+/* Before memory of ready-any blocks is unmapped (emm_pages_release, a
+ * page-granular heap's segment free): the work that may still use it. A
+ * fast-path epoch makes its blocks ready-any before its legacy event
+ * completes (stream order covers their reuse, but cuMemUnmap is not stream-
+ * ordered), and the stream free mode makes them ready at the free: wait for
+ * the arena's last legacy event, or the device in stream mode.
+ * emm_pages_wait_begin (lock held, after the blocks concerned are out of
+ * their trees) says what to wait for: 0, or -EBUSY when a wait is needed
+ * and cannot be made (capture, no op; then nothing may be unmapped);
+ * emm_pages_wait_run (lock not held) waits, 0 or the op's error;
+ * emm_pages_wait_end (lock held) publishes it. */
+struct emm_pages_wait {
+	unsigned char kind; /* 0 none, 1 the event, 2 the device */
+	uint64_t ev;
+};
+int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w);
+int emm_pages_wait_run(struct arena *h, const struct emm_pages_wait *w);
+void emm_pages_wait_end(struct arena *h, const struct emm_pages_wait *w, int r);
+
 /* About to map `need` more bytes (grow, new segment, remap under a block):
  * if the heap's mapped bytes would pass their high-water mark, give back
  * that many idle pages first (ready-any only, as emm_pages_release), this

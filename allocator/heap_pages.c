@@ -15,10 +15,15 @@
  * unmap of the same segment is in flight (s->paging) nor they while it
  * runs, so every call names the segment with its current size.
  *
- * The fence rule: only a READY block of key 0 (ready-any: every fence it
- * was under has completed) has granules unmapped, and only those lying
- * wholly inside it, so no granule any part of which is live, pending,
- * ready for one stream, orphaned or reserved loses its memory.
+ * The fence rule: only a READY block of key 0 (ready-any) has granules
+ * unmapped, and only those lying wholly inside it, so no granule any part
+ * of which is live, pending, ready for one stream, orphaned or reserved
+ * loses its memory. Ready-any is not yet "complete": a fast-path epoch's
+ * blocks are ready-any while its legacy event may still run (their reuse
+ * is stream-ordered, an unmap is not), and so is every free in the stream
+ * free mode. So every give-back first waits for the arena's last legacy
+ * event (once per event: lf_done), or the device in stream mode
+ * (emm_pages_wait_*), with the blocks reserved and the lock dropped.
  */
 #include "allocator/heap_internal.h"
 
@@ -115,6 +120,53 @@ static void publish_stats(struct arena *h, int64_t mapped_delta)
 	else
 		h->st.reserved -= (uint64_t)-mapped_delta;
 	heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, mapped_delta);
+}
+
+/* --- waiting for the device before an unmap ------------------------------ */
+
+int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w)
+{
+	*w = (struct emm_pages_wait){0, 0};
+	if (!h->has_fence)
+		return 0; /* no fence ops: nothing is known to run */
+	if (h->p.free_mode == EMM_FREE_MODE_STREAM) {
+		if (!h->fops.device_synchronize || f_capturing(h, EMM_STREAM_SYNC))
+			return -EBUSY;
+		w->kind = 2;
+		return 0;
+	}
+	if (!h->has_last_fence || h->lf_done)
+		return 0;
+	if (!h->fops.synchronize || f_capturing(h, EMM_STREAM_SYNC))
+		return -EBUSY;
+	/* lf_users keeps the event from being replaced and released, and
+	 * every epoch closing meanwhile off the fast path (can_set_last_fence):
+	 * no block becomes ready-any unwaited while we wait. */
+	w->kind = 1;
+	w->ev = h->last_fence;
+	h->lf_users++;
+	return 0;
+}
+
+int emm_pages_wait_run(struct arena *h, const struct emm_pages_wait *w)
+{
+	if (w->kind == 1)
+		return fop_synchronize(h, w->ev);
+	if (w->kind == 2)
+		return fop_device_synchronize(h);
+	return 0;
+}
+
+void emm_pages_wait_end(struct arena *h, const struct emm_pages_wait *w, int r)
+{
+	if (w->kind == 0)
+		return;
+	h->st.host_waits++;
+	if (w->kind == 1) {
+		h->lf_users--;
+		if (r == 0 && h->has_last_fence && h->last_fence == w->ev)
+			h->lf_done = true;
+	}
 }
 
 /* --- mapping under a block being handed out ------------------------------- */
@@ -281,6 +333,14 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 		}
 		nc = used;
 
+		struct emm_pages_wait w = {0, 0};
+		if (nr && emm_pages_wait_begin(h, &w) != 0) {
+			/* Cannot wait for the device now (capture): keep them. */
+			for (unsigned c = 0; c < nc; c++)
+				emm_pool_block_ready(h, cand[c], 0);
+			break;
+		}
+
 		emm_addr_t base[RUNS_MAX];
 		size_t size[RUNS_MAX];
 		for (unsigned k = 0; k < nr; k++) {
@@ -289,10 +349,12 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 			runs[k].b->seg->paging++;
 		}
 		arena_unlock_release(h);
+		int wr = emm_pages_wait_run(h, &w);
 		for (unsigned k = 0; k < nr; k++)
-			runs[k].r = h->pg.unmap(h->pg.state, base[k], size[k], runs[k].from * g,
-			                        (runs[k].to - runs[k].from) * g);
+			runs[k].r = wr ? wr : h->pg.unmap(h->pg.state, base[k], size[k], runs[k].from * g,
+			                                  (runs[k].to - runs[k].from) * g);
 		arena_lock(h);
+		emm_pages_wait_end(h, &w, wr);
 		for (unsigned k = 0; k < nr; k++)
 			runs[k].b->seg->paging--;
 		if (nr && h->map_waiters)
@@ -316,7 +378,9 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 		}
 		for (unsigned c = 0; c < nc; c++)
 			emm_pool_block_ready(h, cand[c], 0);
-		if (failed)
+		if (wr)
+			emm_warn("waiting for the device before an unmap failed: %d; keeping the pages", wr);
+		else if (failed)
 			emm_warn("segment source failed to unmap pages: %d; keeping them", failed);
 		total += freed;
 		if (freed == 0)

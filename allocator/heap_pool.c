@@ -437,7 +437,22 @@ long long emm_pool_release_finish(struct arena *h, struct emm_segment *list)
 
 	if (!list)
 		return 0;
-	for (s = list; s; s = s->next) {
+	if (h->has_remap) {
+		/* A page-granular source unmaps at the free, unordered: the
+		 * blocks' last work first (heap_pages.c, the fence rule). */
+		struct emm_pages_wait w;
+		arena_lock(h);
+		r = emm_pages_wait_begin(h, &w);
+		arena_unlock_release(h);
+		if (r == 0)
+			r = emm_pages_wait_run(h, &w);
+		arena_lock(h);
+		emm_pages_wait_end(h, &w, r);
+		arena_unlock_release(h);
+		if (r)
+			failed = list;
+	}
+	for (s = failed ? NULL : list; s; s = s->next) {
 		emm_segmap_remove(s->base);
 		r = h->src.free(h->src.state, s->base, s->size, EMM_STREAM_SYNC);
 		if (r) {

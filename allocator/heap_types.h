@@ -39,7 +39,9 @@
  *     the candidates for release, oldest first.
  *   - granule bitmaps (page-granular heaps, heap_pages.c): per segment,
  *     which granules have memory behind them and which are being mapped.
- *     Only granules wholly inside a ready-any block may be unmapped.
+ *     Only granules wholly inside a ready-any block may be unmapped, and
+ *     only after the arena's last legacy event completed (lf_done): a
+ *     fast-path epoch's blocks are ready-any before it has.
  */
 #ifndef EMM_ALLOCATOR_HEAP_TYPES_H
 #define EMM_ALLOCATOR_HEAP_TYPES_H
@@ -187,6 +189,7 @@ struct arena {
 	bool has_last_fence;
 	struct emm_fence *last_fence_owner; /* pending fence whose events[0] it is */
 	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
+	bool lf_done; /* last_fence known complete (page give-back synchronized on it) */
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
 	size_t epoch_free_bytes; /* a synchronous free closes the open epoch at these bytes */

@@ -8,18 +8,35 @@
  * (inside the segment, whole pages, growth inside the reservation): a
  * misuse is -EINVAL, past the capacity -ENOMEM. One mutex: the replay's
  * threads take turns, but the heap may call from any of them.
+ *
+ * Pages are tracked one by one (a bitmap over each segment's reservation),
+ * and so are the blocks the replay holds (replay_pages_handed_out/
+ * replay_pages_taken_back): a block handed out over an unmapped page, a
+ * page unmapped (or a segment freed) under a held block, a map of a mapped
+ * page or an unmap of an unmapped one is a violation, the first one kept
+ * with its context (replay_pages_violation): on the device each is an
+ * illegal address or a failed driver call.
  */
 #include "tools/replay_pages.h"
 
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 struct sim_seg {
 	emm_addr_t base;
 	size_t size, reserved;
 	size_t mapped; /* bytes */
+	uint64_t *pages; /* one bit per page of the reservation: mapped */
+};
+
+struct held {
+	emm_addr_t addr;
+	size_t size;
 };
 
 struct replay_pages {
@@ -29,6 +46,9 @@ struct replay_pages {
 	emm_addr_t next;
 	struct sim_seg *segs;
 	size_t nsegs, cap;
+	struct held *held; /* blocks the replay holds, unordered */
+	size_t nheld, held_cap;
+	char violation[512]; /* the first, or "" */
 };
 
 int replay_pages_create(uint64_t capacity, size_t page, size_t grow_min, struct replay_pages **ret)
@@ -54,7 +74,10 @@ void replay_pages_destroy(struct replay_pages *p)
 	if (!p)
 		return;
 	pthread_mutex_destroy(&p->lock);
+	for (size_t i = 0; i < p->nsegs; i++)
+		free(p->segs[i].pages);
 	free(p->segs);
+	free(p->held);
 	free(p);
 }
 
@@ -73,6 +96,51 @@ static struct sim_seg *find_locked(struct replay_pages *p, emm_addr_t base)
 	for (size_t i = 0; i < p->nsegs; i++)
 		if (p->segs[i].base == base)
 			return &p->segs[i];
+	return NULL;
+}
+
+/* The segment whose reservation holds addr, or NULL. Lock held. */
+static struct sim_seg *containing_locked(struct replay_pages *p, emm_addr_t addr)
+{
+	for (size_t i = 0; i < p->nsegs; i++)
+		if (addr >= p->segs[i].base && addr - p->segs[i].base < p->segs[i].reserved)
+			return &p->segs[i];
+	return NULL;
+}
+
+/* Keep the first violation. Lock held. */
+__attribute__((format(printf, 2, 3))) static void violate_locked(struct replay_pages *p, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (p->violation[0])
+		return;
+	va_start(ap, fmt);
+	vsnprintf(p->violation, sizeof(p->violation), fmt, ap);
+	va_end(ap);
+}
+
+static inline bool page_get(const struct sim_seg *s, size_t i)
+{
+	return (s->pages[i / 64] >> (i % 64)) & 1u;
+}
+
+static void pages_set(struct sim_seg *s, size_t from, size_t to, bool v)
+{
+	for (size_t i = from; i < to; i++) {
+		if (v)
+			s->pages[i / 64] |= UINT64_C(1) << (i % 64);
+		else
+			s->pages[i / 64] &= ~(UINT64_C(1) << (i % 64));
+	}
+}
+
+/* The first held block overlapping [lo, hi), or NULL. Lock held. */
+static const struct held *held_in_locked(const struct replay_pages *p, emm_addr_t lo, emm_addr_t hi)
+{
+	for (size_t i = 0; i < p->nheld; i++)
+		if (p->held[i].addr < hi && lo < p->held[i].addr + p->held[i].size)
+			return &p->held[i];
 	return NULL;
 }
 
@@ -111,13 +179,22 @@ static int sim_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *
 	if (r == 0)
 		r = charge_locked(p, size);
 	if (r == 0) {
-		struct sim_seg *s = &p->segs[p->nsegs++];
+		struct sim_seg *s = &p->segs[p->nsegs];
+		size_t reserved = size >= p->grow_min && p->capacity > size ? p->capacity : size;
 
+		reserved = (reserved + p->page - 1) & ~(p->page - 1);
+		s->pages = calloc((reserved / p->page + 63) / 64, sizeof(uint64_t));
+		if (!s->pages) {
+			p->mapped -= size;
+			pthread_mutex_unlock(&p->lock);
+			return -ENOMEM;
+		}
+		p->nsegs++;
 		s->base = p->next;
 		s->size = size;
-		s->reserved = size >= p->grow_min && p->capacity > size ? p->capacity : size;
-		s->reserved = (s->reserved + p->page - 1) & ~(p->page - 1);
+		s->reserved = reserved;
 		s->mapped = size;
+		pages_set(s, 0, size / p->page, true);
 		p->next += s->reserved + p->page;
 		*ret = s->base;
 	}
@@ -136,7 +213,13 @@ static int sim_free(void *state, emm_addr_t addr, size_t size, emm_stream_t stre
 	pthread_mutex_lock(&p->lock);
 	s = find_locked(p, addr);
 	if (s) {
+		const struct held *b = held_in_locked(p, s->base, s->base + s->size);
+
+		if (b)
+			violate_locked(p, "segment 0x%llx (%zu bytes) freed under held block 0x%llx+%zu",
+			               (unsigned long long)s->base, s->size, (unsigned long long)b->addr, b->size);
 		p->mapped -= s->mapped;
+		free(s->pages);
 		*s = p->segs[--p->nsegs];
 		r = 0;
 	}
@@ -164,12 +247,30 @@ static int sim_page(struct replay_pages *p, emm_addr_t seg, size_t seg_size, siz
 
 	pthread_mutex_lock(&p->lock);
 	s = range_locked(p, seg, seg_size, off, len);
-	if (s && !map && s->mapped >= len) {
-		s->mapped -= len;
-		p->mapped -= len;
-		r = 0;
-	} else if (s && map && s->size - s->mapped >= len && (r = charge_locked(p, len)) == 0) {
-		s->mapped += len;
+	if (s) {
+		size_t from = off / p->page, to = (off + len) / p->page;
+		const struct held *b = map ? NULL : held_in_locked(p, seg + off, seg + off + len);
+
+		for (size_t i = from; i < to; i++)
+			if (page_get(s, i) == map) {
+				violate_locked(p, "%s of page %zu of segment 0x%llx (%zu bytes), already %s",
+				               map ? "map" : "unmap", i, (unsigned long long)seg, seg_size,
+				               map ? "mapped" : "unmapped");
+				break;
+			}
+		if (b)
+			violate_locked(p, "unmap of [0x%llx, 0x%llx) in segment 0x%llx under held block 0x%llx+%zu",
+			               (unsigned long long)(seg + off), (unsigned long long)(seg + off + len),
+			               (unsigned long long)seg, (unsigned long long)b->addr, b->size);
+		if (!map && s->mapped >= len) {
+			s->mapped -= len;
+			p->mapped -= len;
+			pages_set(s, from, to, false);
+			r = 0;
+		} else if (map && s->size - s->mapped >= len && (r = charge_locked(p, len)) == 0) {
+			s->mapped += len;
+			pages_set(s, from, to, true);
+		}
 	}
 	pthread_mutex_unlock(&p->lock);
 	return r;
@@ -199,6 +300,7 @@ static int sim_grow(void *state, emm_addr_t seg, size_t old_size, size_t new_siz
 		else if ((r = charge_locked(p, new_size - old_size)) == 0) {
 			s->mapped += new_size - old_size;
 			s->size = new_size;
+			pages_set(s, old_size / p->page, new_size / p->page, true);
 		}
 	}
 	pthread_mutex_unlock(&p->lock);
@@ -215,4 +317,68 @@ void replay_pages_bind(struct replay_pages *p, struct emm_segment_source *src, s
 	    .map = sim_map,
 	    .grow = sim_grow,
 	};
+}
+
+int replay_pages_handed_out(struct replay_pages *p, emm_addr_t addr, size_t size)
+{
+	struct sim_seg *s;
+	int r = 0;
+
+	pthread_mutex_lock(&p->lock);
+	s = containing_locked(p, addr);
+	const struct held *b = held_in_locked(p, addr, addr + size);
+	if (!s || size > s->size || addr - s->base > s->size - size) {
+		violate_locked(p, "block 0x%llx+%zu handed out outside every segment's size",
+		               (unsigned long long)addr, size);
+		r = -EFAULT;
+	} else if (b) {
+		violate_locked(p, "block 0x%llx+%zu handed out over held block 0x%llx+%zu", (unsigned long long)addr,
+		               size, (unsigned long long)b->addr, b->size);
+		r = -EFAULT;
+	} else {
+		size_t first = (addr - s->base) / p->page, end = (addr + size - s->base + p->page - 1) / p->page;
+
+		for (size_t i = first; i < end; i++)
+			if (!page_get(s, i)) {
+				violate_locked(p,
+				               "block 0x%llx+%zu handed out over unmapped page %zu (0x%llx) of segment "
+				               "0x%llx (%zu bytes)",
+				               (unsigned long long)addr, size, i,
+				               (unsigned long long)(s->base + i * p->page), (unsigned long long)s->base,
+				               s->size);
+				r = -EFAULT;
+				break;
+			}
+	}
+	if (r == 0 && p->nheld == p->held_cap) {
+		size_t cap = p->held_cap ? p->held_cap * 2 : 256;
+		struct held *n = realloc(p->held, cap * sizeof(*n));
+
+		if (!n)
+			r = -ENOMEM;
+		else {
+			p->held = n;
+			p->held_cap = cap;
+		}
+	}
+	if (r == 0)
+		p->held[p->nheld++] = (struct held){addr, size};
+	pthread_mutex_unlock(&p->lock);
+	return r;
+}
+
+void replay_pages_taken_back(struct replay_pages *p, emm_addr_t addr)
+{
+	pthread_mutex_lock(&p->lock);
+	for (size_t i = 0; i < p->nheld; i++)
+		if (p->held[i].addr == addr) {
+			p->held[i] = p->held[--p->nheld];
+			break;
+		}
+	pthread_mutex_unlock(&p->lock);
+}
+
+const char *replay_pages_violation(const struct replay_pages *p)
+{
+	return p->violation[0] ? p->violation : NULL;
 }

@@ -3,8 +3,9 @@
  * tools/replay_pages.h - a simulated page-granular device for emm-replay
  * (what the vmm backend is to the real driver, as bookkeeping only): the
  * segment source and page operations a replay with EMM_BACKEND=vmm runs
- * its heap on, counting mapped bytes against a capacity. No memory is
- * reserved or touched.
+ * its heap on, counting mapped bytes against a capacity and checking that
+ * every block the replay holds lies on mapped pages. No memory is reserved
+ * or touched.
  */
 #ifndef EMM_TOOLS_REPLAY_PAGES_H
 #define EMM_TOOLS_REPLAY_PAGES_H
@@ -29,5 +30,15 @@ void replay_pages_bind(struct replay_pages *p, struct emm_segment_source *src, s
 /* Most bytes mapped at once so far, and now. */
 uint64_t replay_pages_peak(const struct replay_pages *p);
 uint64_t replay_pages_mapped(const struct replay_pages *p);
+
+/* The replay holds block [addr, addr+size) from now on (after its
+ * allocation): 0, or -EFAULT when it lies over an unmapped page, outside a
+ * segment or over another held block (the violation kept), -ENOMEM. */
+int replay_pages_handed_out(struct replay_pages *p, emm_addr_t addr, size_t size);
+/* ... and no longer (before its free). */
+void replay_pages_taken_back(struct replay_pages *p, emm_addr_t addr);
+
+/* The first violation of the page rules (replay_pages.c), or NULL. */
+const char *replay_pages_violation(const struct replay_pages *p);
 
 #endif

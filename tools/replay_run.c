@@ -42,6 +42,8 @@ struct run {
 	size_t next;		/* the next event to replay */
 	bool stop;
 	uint64_t requested;	/* live bytes as asked */
+	struct replay_pages *sim; /* EMM_BACKEND=vmm: the simulated device, checked */
+	size_t violation_index;   /* the event after which it saw a violation */
 };
 
 struct replayer {
@@ -122,6 +124,8 @@ static void replay_event(struct run *run, size_t i)
 		}
 		run->addr[i] = addr;
 		run->requested += ev->size;
+		if (run->sim)
+			(void)replay_pages_handed_out(run->sim, addr, (size_t)ev->size);
 		break;
 	case REPLAY_ALLOC_FAILURE:
 		r = emm_heap_alloc(run->heap, (size_t)ev->size, ev->stream_key, &addr);
@@ -129,6 +133,10 @@ static void replay_event(struct run *run, size_t i)
 		res->calls++;
 		if (r == 0) {
 			res->unexpected_successes++;
+			if (run->sim) {
+				(void)replay_pages_handed_out(run->sim, addr, (size_t)ev->size);
+				replay_pages_taken_back(run->sim, addr);
+			}
 			(void)emm_heap_free(addr, ev->stream_key, &requested);
 		} else {
 			res->expected_failures++;
@@ -139,6 +147,8 @@ static void replay_event(struct run *run, size_t i)
 			res->skipped_frees++;
 			break;
 		}
+		if (run->sim)
+			replay_pages_taken_back(run->sim, run->addr[ev->match]);
 		r = emm_heap_free(run->addr[ev->match], ev->stream_key, &requested);
 		res->call_seconds += now_seconds() - t0;
 		res->calls++;
@@ -148,6 +158,10 @@ static void replay_event(struct run *run, size_t i)
 		}
 		run->requested -= run->trace->events[ev->match].size;
 		break;
+	}
+	if (run->sim && replay_pages_violation(run->sim) && !run->stop) {
+		run->violation_index = i;
+		run->stop = true;
 	}
 	observe(run, i);
 }
@@ -358,6 +372,7 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 			goto out;
 		}
 		replay_pages_bind(sim, &src, &pages);
+		run.sim = sim;
 	} else {
 		r = backend_open(setup, &b, err, err_size);
 		if (r < 0)
@@ -393,6 +408,20 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 	res->wall_seconds = now_seconds() - t0;
 
 	emm_heap_add_stats(run.heap, &res->stats);
+	if (sim && replay_pages_violation(sim)) {
+		const struct replay_event *ev = &t->events[run.violation_index];
+
+		snprintf(err, err_size,
+		         "page rule broken at event %zu (line %u, %s of %llu bytes, thread %u, stream 0x%llx): %s; "
+		         "heap: %llu bytes allocated, %llu mapped, %llu page unmaps, %llu maps, %llu grows",
+		         run.violation_index, ev->line,
+		         ev->action == REPLAY_FREE ? "free" : "allocation", (unsigned long long)ev->size,
+		         ev->thread, (unsigned long long)ev->stream_key, replay_pages_violation(sim),
+		         (unsigned long long)res->stats.allocated_bytes, (unsigned long long)res->stats.reserved_bytes,
+		         (unsigned long long)res->stats.page_unmaps, (unsigned long long)res->stats.page_maps,
+		         (unsigned long long)res->stats.segment_grows);
+		r = -EFAULT;
+	}
 	if (setup->snapshot && (r = replay_write_snapshot(setup->snapshot, t, run.heap, run.addr, res)) < 0)
 		snprintf(err, err_size, "cannot write the snapshot %s (%s)", setup->snapshot, strerror(-r));
 	emm_heap_destroy(run.heap, true);

@@ -12,6 +12,7 @@
 #include "allocator/heap.h"
 #include "emm_test.h"
 #include "tools/replay_map.h"
+#include "tools/replay_pages.h"
 #include "tools/replay_run.h"
 #include "tools/replay_trace.h"
 
@@ -277,8 +278,52 @@ TEST_BEGIN(test_replay_unexpected_success)
 }
 TEST_END
 
+/* The simulated vmm device's page rules (replay_pages.h): a block held
+ * over an unmapped page, a page unmapped under a held block, a double map
+ * and a segment freed under a held block are each a violation. */
+TEST_BEGIN(test_pages_rules)
+{
+	const size_t mib = (size_t)1 << 20;
+	struct replay_pages *p;
+	struct emm_segment_source src;
+	struct emm_segment_pages pg;
+	emm_addr_t seg;
+
+	for (int c = 0; c < 4; c++) {
+		assert_int_eq(replay_pages_create(64 * mib, 2 * mib, 4 * mib, &p), 0);
+		replay_pages_bind(p, &src, &pg);
+		assert_int_eq(src.alloc(src.state, 8 * mib, 0, &seg), 0);
+		expect_int_eq(replay_pages_handed_out(p, seg, 3 * mib), 0);
+		expect_int_eq(pg.unmap(pg.state, seg, 8 * mib, 4 * mib, 4 * mib), 0); /* clear of it */
+		expect_true(replay_pages_violation(p) == NULL);
+		switch (c) {
+		case 0: /* over the unmapped page */
+			expect_int_eq(replay_pages_handed_out(p, seg + 3 * mib, 2 * mib), -EFAULT);
+			break;
+		case 1: /* unmapped under it: page 1 holds its last MiB */
+			expect_int_eq(pg.unmap(pg.state, seg, 8 * mib, 2 * mib, 2 * mib), 0);
+			break;
+		case 2: /* mapped twice */
+			expect_int_eq(pg.map(pg.state, seg, 8 * mib, 2 * mib, 2 * mib), 0);
+			break;
+		case 3: /* its segment freed */
+			expect_int_eq(src.free(src.state, seg, 8 * mib, 0), 0);
+			break;
+		}
+		expect_true(replay_pages_violation(p) != NULL);
+		replay_pages_taken_back(p, seg);
+		if (c == 0) {
+			/* Mapped again, the same block is fine. */
+			expect_int_eq(pg.map(pg.state, seg, 8 * mib, 4 * mib, 2 * mib), 0);
+			expect_int_eq(replay_pages_handed_out(p, seg + 3 * mib, 2 * mib), 0);
+		}
+		replay_pages_destroy(p);
+	}
+}
+TEST_END
+
 int main(void)
 {
 	return emm_test_run(test_map, test_libemm_dialect, test_rmm_dialect, test_memory_column, test_malformed,
-			    test_replay_small_device, test_replay_unexpected_success, NULL);
+			    test_replay_small_device, test_replay_unexpected_success, test_pages_rules, NULL);
 }
