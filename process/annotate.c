@@ -126,6 +126,33 @@ static bool piece_take(uint64_t addr, size_t size, uint64_t *ret_addr)
 
 /* --- the calls --------------------------------------------------------- */
 
+/* --- heaps the tool refused -------------------------------------------- */
+
+/* compute-sanitizer (CUDA 13.0) refuses heaps over the vmm backend's mapped
+ * ranges and the async backend's pool memory ("parameters invalid"): their
+ * blocks get no regions (each would be refused too), and the tool sees
+ * them as the backend's plain memory. */
+#define MAX_REFUSED 256
+
+static uint64_t refused[MAX_REFUSED];
+static unsigned n_refused;
+
+static bool refused_has(uint64_t heap, bool take)
+{
+	bool found = false;
+
+	pthread_mutex_lock(&pieces_lock);
+	for (unsigned i = 0; i < n_refused; i++)
+		if (refused[i] == heap) {
+			if (take)
+				refused[i] = refused[--n_refused];
+			found = true;
+			break;
+		}
+	pthread_mutex_unlock(&pieces_lock);
+	return found;
+}
+
 static void heap_register(uint64_t addr, size_t size)
 {
 	nvtxMemVirtualRangeDesc_t range = {.size = size, .ptr = (const void *)(uintptr_t)addr};
@@ -143,15 +170,24 @@ static void heap_register(uint64_t addr, size_t size)
 
 	/* A heap of virtual addresses is named by its address (the header's
 	 * contract); the unregister and the regions rely on it. */
-	if (h != (nvtxMemHeapHandle_t)(uintptr_t)addr && !atomic_exchange(&warned, true))
-		emm_warn("annotations: the tool named heap %#llx %p, not by its address",
-		         (unsigned long long)addr, (void *)h);
+	if (h == (nvtxMemHeapHandle_t)(uintptr_t)addr)
+		return;
+	pthread_mutex_lock(&pieces_lock);
+	if (n_refused < MAX_REFUSED)
+		refused[n_refused++] = addr;
+	pthread_mutex_unlock(&pieces_lock);
+	if (!atomic_exchange(&warned, true))
+		emm_warn("annotations: the memory checker refused segment %#llx (%zu bytes) as a heap (it answered %p): "
+		         "the %s backend's blocks are not annotated, so it cannot see errors inside them; "
+		         "EMM_BACKEND=driver annotates every device block",
+		         (unsigned long long)addr, size, (void *)h, emm_state_backend_name());
 }
 
 static void heap_unregister(uint64_t addr)
 {
 	/* A heap of virtual addresses is named by its address. */
-	nvtxMemHeapUnregister(NULL, (nvtxMemHeapHandle_t)(uintptr_t)addr);
+	if (!refused_has(addr, true))
+		nvtxMemHeapUnregister(NULL, (nvtxMemHeapHandle_t)(uintptr_t)addr);
 }
 
 void st_annotate_heap_slow(uint64_t addr, size_t size, bool add)
@@ -200,6 +236,10 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 	 * not an unregister of a region the tool never saw or still needs. */
 	if (emm_heap_find_block(addr, &b) != 0 || b.base != addr || emm_state_heap_is_pinned(b.heap) != pinned)
 		return;
+	uint64_t heap = heap_of(addr, b.segment_base);
+
+	if (refused_has(heap, false))
+		return; /* the tool refused its heap: it would refuse the region */
 	if (add) {
 		size_t size = b.requested ? b.requested : b.size;
 		nvtxMemVirtualRangeDesc_t range = {.size = size, .ptr = (const void *)(uintptr_t)addr};
@@ -207,7 +247,7 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 		    .extCompatID = NVTX_EXT_COMPATID_MEM,
 		    .structSize = sizeof(batch),
 		    .regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS,
-		    .heap = (nvtxMemHeapHandle_t)(uintptr_t)heap_of(addr, b.segment_base),
+		    .heap = (nvtxMemHeapHandle_t)(uintptr_t)heap,
 		    .regionCount = 1,
 		    .regionDescElementSize = sizeof(range),
 		    .regionDescElements = &range,

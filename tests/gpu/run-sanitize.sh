@@ -77,6 +77,8 @@ verdict() { # LOG KIND
 }
 
 fail=0
+refused_rows=0
+ran_rows=0
 printf '%-11s %-22s %-16s %-16s %-5s %s\n' case tool without libemm same seconds
 row() { # CASE KIND REQUIRED TOOLARGS...
 	local c=$1 kind=$2 required=$3
@@ -100,6 +102,14 @@ row() { # CASE KIND REQUIRED TOOLARGS...
 	# A run the tool did not finish (no summary) proves nothing.
 	[ "$v0" = no-summary ] || [ "$v1" = no-summary ] && same=DIFF
 	[ "$required" = info ] && same="$same(info)"
+	# The tool refused libemm's device segments as NVTX heaps (the vmm and
+	# async backends' memory): a device case proves nothing either way.
+	if [ "${c#pinned-}" = "$c" ] && grep -q "the memory checker refused segment" "$logs/$tag-with.log"; then
+		same=REFUSED
+		refused_rows=$((refused_rows + 1))
+	else
+		ran_rows=$((ran_rows + 1))
+	fi
 	printf '%-11s %-22s %-16s %-16s %-5s %s / %s\n' "$c" "$kind" "$v0" "$v1" "$same" "$s0" "$s1"
 	[ "$same" = DIFF ] && fail=1
 	if [ "$same" = DIFF ]; then # what the tool said, so that a log-less run can be read
@@ -136,4 +146,7 @@ if [ "${EMM_BACKEND:-}" = managed ] && [ ${#cases[@]} -gt 1 ]; then
 	row managed-uninit initcheck info --tool initcheck
 fi
 echo "logs: $logs"
+if [ "$fail" -eq 0 ] && [ "$refused_rows" -gt 0 ]; then
+	echo "EMM-PARTIAL: ran $ran_rows, skipped $refused_rows (compute-sanitizer refused EMM_BACKEND=${EMM_BACKEND:-driver}'s device segments as NVTX heaps: libemm's blocks in them are not annotated)"
+fi
 exit $fail

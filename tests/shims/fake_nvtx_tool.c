@@ -17,6 +17,7 @@
 #define NVTX_AS_SYSTEM_HEADER
 #include <nvtx3/nvToolsExtMem.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -60,6 +61,17 @@ static void error(const char *what, uintptr_t addr)
 	errors++;
 }
 
+/* Pinned host memory stays accepted: a host address is one malloc'd or
+ * mmapped by the driver, which the process can read. */
+static int refuse_host_ok(uintptr_t a)
+{
+	int (*attr)(void *, int, unsigned long long) =
+	    (int (*)(void *, int, unsigned long long))dlsym(RTLD_DEFAULT, "cuPointerGetAttribute");
+	unsigned int type = 0;
+
+	return attr && attr(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, a) == 0 && type == 1 /* HOST */;
+}
+
 static nvtxMemHeapHandle_t heap_register(nvtxDomainHandle_t d, nvtxMemHeapDesc_t const *desc)
 {
 	const nvtxMemVirtualRangeDesc_t *r = desc->typeSpecificDesc;
@@ -68,6 +80,13 @@ static nvtxMemHeapHandle_t heap_register(nvtxDomainHandle_t d, nvtxMemHeapDesc_t
 	(void)d;
 	pthread_mutex_lock(&lock);
 	heap_regs++;
+	/* FAKE_NVTX_REFUSE_DEVICE=1: refuse heaps whose first byte the
+	 * driver calls device memory (compute-sanitizer refuses the vmm and
+	 * async backends' segments), answering NULL as it does. */
+	if (getenv("FAKE_NVTX_REFUSE_DEVICE") && !refuse_host_ok(a)) {
+		pthread_mutex_unlock(&lock);
+		return NULL;
+	}
 	if (desc->usage != NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR || desc->type != NVTX_MEM_TYPE_VIRTUAL_ADDRESS)
 		error("heap of an unexpected kind", a);
 	else if (find(heaps, n_heaps, a) >= 0)

@@ -123,6 +123,31 @@ static void tool_mode(void)
 	CHECK(count(ERRORS) == 0);
 }
 
+/* FAKE_NVTX_REFUSE_DEVICE=1: the tool refuses device heaps (as
+ * compute-sanitizer refuses the vmm and async backends' segments): their
+ * blocks get no region calls (each would be refused), unregistering skips
+ * them, pinned ones stay annotated, allocation works as usual. */
+static void refused_mode(void)
+{
+	CUdeviceptr a, b;
+	void *host;
+
+	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(count(HEAP_REGS) == 1 && count(HEAPS) == 0);
+	CHECK(cuMemAlloc(&b, 2000) == CUDA_SUCCESS);
+	CHECK(count(REGION_REGS) == 0);
+	CHECK(cuMemFree(a) == CUDA_SUCCESS && cuMemFree(b) == CUDA_SUCCESS);
+	CHECK(count(REGION_UNREGS) == 0);
+	CHECK(cuMemAllocHost(&host, 4096) == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 1 && region((uintptr_t)host) == 4096);
+	CHECK(cuMemFreeHost(host) == CUDA_SUCCESS);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(shims_release_idle(-1, 0) >= 0);
+	CHECK(count(HEAPS) == 0 && count(HEAP_UNREGS) == 1);
+	CHECK(count(ERRORS) == 0);
+}
+
 static void exit_mode(void)
 {
 	CUdeviceptr leaked, big;
@@ -182,6 +207,8 @@ int main(int argc, char **argv)
 		exit_mode();
 	else if (strcmp(mode, "vmm") == 0)
 		vmm_mode();
+	else if (strcmp(mode, "refused") == 0)
+		refused_mode();
 	else
 		tool_mode();
 	printf("test_annotate %s: ok\n", mode);
