@@ -296,23 +296,16 @@ int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range)
 	return r;
 }
 
-static bool entry_has_heap(const struct ctx_entry *e, const void *heap)
-{
-	return e->heap == heap;
-}
-
 int emm_serve_block_context(emm_addr_t addr, CUcontext *ret_ctx)
 {
 	struct emm_block_range range;
-	struct ctx_entry *e;
-	int r = emm_serve_find_block(addr, &range);
+	struct ctx_entry *e = NULL;
 
-	if (r != 0 || emm_state_heap_is_pinned(range.heap))
-		return -ENOENT;
-	pthread_mutex_lock(&st_ctx_lock);
-	e = st_ctx_find_locked(entry_has_heap, range.heap, false);
+	emm_state_enter(); /* the entry outlives the look-up (ipc_export.c's way) */
+	if (emm_serve_find_block(addr, &range) == 0 && !emm_state_heap_is_pinned(range.heap))
+		e = st_heap_entry(range.heap);
 	if (e)
 		*ret_ctx = e->ctx;
-	pthread_mutex_unlock(&st_ctx_lock);
+	emm_state_leave();
 	return e ? 0 : -ENOENT;
 }
