@@ -427,6 +427,21 @@ static inline int fake_heap_create(const struct emm_heap_params *p, struct fake_
 	return emm_heap_create(p, &s, &f, 0, ret);
 }
 
+/* Check and destroy a heap made by fake_heap_create, then verify nothing
+ * leaked (every segment back, every event released, no misuse) and free
+ * the doubles (emm_test.h records failures). */
+static inline void fake_heap_destroy_checked(emm_heap_t *h, struct fake_src *src, struct fake_fence *fence)
+{
+	expect_int_eq(emm_heap_check(h), 0);
+	emm_heap_destroy(h, true);
+	expect_int_eq(src->bad_frees, 0);
+	expect_u64_eq(src->used, 0);
+	expect_int_eq(fence->misuse, 0);
+	expect_int_eq(fake_live_events(fence), 0);
+	fake_src_fini(src);
+	fake_fence_fini(fence);
+}
+
 static inline struct emm_stats heap_stats(emm_heap_t *h)
 {
 	struct emm_stats st;

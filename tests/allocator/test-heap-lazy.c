@@ -68,14 +68,7 @@ static void teardown(emm_heap_t *h)
 {
 	fake_complete(&fence, 0);
 	expect_int_eq(emm_heap_flush(h), 0);
-	CHECKH(h);
-	emm_heap_destroy(h, true);
-	expect_int_eq(src.bad_frees, 0);
-	expect_u64_eq(src.used, 0);
-	expect_int_eq(fence.misuse, 0);
-	expect_int_eq(fake_live_events(&fence), 0);
-	fake_src_fini(&src);
-	fake_fence_fini(&fence);
+	fake_heap_destroy_checked(h, &src, &fence);
 }
 
 /* PAIRS LIFO pairs of `size`: no event recorded by any free, the same block

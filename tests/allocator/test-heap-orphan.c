@@ -44,14 +44,7 @@ static emm_heap_t *setup(void)
 
 static void teardown(emm_heap_t *h)
 {
-	CHECKH(h);
-	emm_heap_destroy(h, true);
-	expect_int_eq(src.bad_frees, 0);
-	expect_u64_eq(src.used, 0);
-	expect_int_eq(fence.misuse, 0);
-	expect_int_eq(fake_live_events(&fence), 0);
-	fake_src_fini(&src);
-	fake_fence_fini(&fence);
+	fake_heap_destroy_checked(h, &src, &fence);
 }
 
 /* No allocation, on any stream, may get the orphaned memory. */
