@@ -358,9 +358,10 @@ size_t emm_pages_release(struct arena *h, size_t keep);
  * and cannot be made (capture, no op; then nothing may be unmapped);
  * emm_pages_wait_run (lock not held) waits, 0 or the op's error;
  * emm_pages_wait_end (lock held) publishes it. */
+enum emm_pages_wait_kind { PAGES_WAIT_NONE, PAGES_WAIT_EVENT, PAGES_WAIT_DEVICE };
 struct emm_pages_wait {
-	unsigned char kind; /* 0 none, 1 the event, 2 the device */
-	uint64_t ev;
+	enum emm_pages_wait_kind kind;
+	uint64_t ev; /* PAGES_WAIT_EVENT: the arena's last legacy event */
 };
 int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w);
 int emm_pages_wait_run(struct arena *h, const struct emm_pages_wait *w);

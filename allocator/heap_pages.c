@@ -126,13 +126,13 @@ static void publish_stats(struct arena *h, int64_t mapped_delta)
 
 int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w)
 {
-	*w = (struct emm_pages_wait){0, 0};
+	*w = (struct emm_pages_wait){PAGES_WAIT_NONE, 0};
 	if (!h->has_fence)
 		return 0; /* no fence ops: nothing is known to run */
 	if (h->p.free_mode == EMM_FREE_MODE_STREAM) {
 		if (!h->fops.device_synchronize || f_capturing(h, EMM_STREAM_SYNC))
 			return -EBUSY;
-		w->kind = 2;
+		w->kind = PAGES_WAIT_DEVICE;
 		return 0;
 	}
 	if (!h->has_last_fence || h->lf_done)
@@ -142,7 +142,7 @@ int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w)
 	/* lf_users keeps the event from being replaced and released, and
 	 * every epoch closing meanwhile off the fast path (can_set_last_fence):
 	 * no block becomes ready-any unwaited while we wait. */
-	w->kind = 1;
+	w->kind = PAGES_WAIT_EVENT;
 	w->ev = h->last_fence;
 	h->lf_users++;
 	return 0;
@@ -150,19 +150,19 @@ int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w)
 
 int emm_pages_wait_run(struct arena *h, const struct emm_pages_wait *w)
 {
-	if (w->kind == 1)
+	if (w->kind == PAGES_WAIT_EVENT)
 		return fop_synchronize(h, w->ev);
-	if (w->kind == 2)
+	if (w->kind == PAGES_WAIT_DEVICE)
 		return fop_device_synchronize(h);
 	return 0;
 }
 
 void emm_pages_wait_end(struct arena *h, const struct emm_pages_wait *w, int r)
 {
-	if (w->kind == 0)
+	if (w->kind == PAGES_WAIT_NONE)
 		return;
 	h->st.host_waits++;
-	if (w->kind == 1) {
+	if (w->kind == PAGES_WAIT_EVENT) {
 		h->lf_users--;
 		if (r == 0 && h->has_last_fence && h->last_fence == w->ev)
 			h->lf_done = true;
@@ -333,7 +333,7 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 		}
 		nc = used;
 
-		struct emm_pages_wait w = {0, 0};
+		struct emm_pages_wait w = {PAGES_WAIT_NONE, 0};
 		if (nr && emm_pages_wait_begin(h, &w) != 0) {
 			/* Cannot wait for the device now (capture): keep them. */
 			for (unsigned c = 0; c < nc; c++)
