@@ -27,8 +27,14 @@ else
 	for s in ${SUITES:-gpu race}; do suites+=(--suite "$s"); done
 fi
 t0=$(date +%s)
-meson test -C "$build" "${suites[@]}" --logbase plain >/dev/null 2>&1
+mkdir -p "$build/meson-logs"; rm -f "$build/meson-logs/plain.json"
+meson test -C "$build" "${suites[@]}" --logbase plain >"$build/meson-logs/plain-out.txt" 2>&1
 t1=$(date +%s)
+if [ ! -f "$build/meson-logs/plain.json" ]; then
+	echo "run-suites-sanitized: the plain pass wrote no log; meson said:" >&2
+	tail -20 "$build/meson-logs/plain-out.txt" >&2
+	exit 1
+fi
 # MEMCHECK_LIMIT (seconds, default none) stops the memcheck pass; meson's
 # log holds the tests that finished, and the report names the others.
 timeout "${MEMCHECK_LIMIT:-0}" meson test -C "$build" "${suites[@]}" --logbase memcheck --timeout-multiplier 10 \
