@@ -33,10 +33,20 @@ def nvml_used_fn(torch):
         return None
     if nvml.nvmlInit_v2() != 0:
         return None
-    # cuda:0 is NVML's device 0 here (the machines have one GPU, and
-    # CUDA_VISIBLE_DEVICES is not set by the suite).
+    # NVML numbers the host's GPUs, CUDA those in CUDA_VISIBLE_DEVICES: find
+    # cuda:0 by its UUID (a suite run with CUDA_VISIBLE_DEVICES=1 once read
+    # GPU 0's memory here: 615 MiB before and after empty_cache).
     dev = ctypes.c_void_p()
-    if nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) != 0:
+    try:
+        uuid = "GPU-" + str(torch.cuda.get_device_properties(0).uuid)
+    except (AttributeError, RuntimeError):
+        uuid = None
+    if uuid is not None:
+        if nvml.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(dev)) != 0:
+            return None
+    elif os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+        return None
+    elif nvml.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(dev)) != 0:
         return None
 
     def used():
