@@ -38,7 +38,8 @@ import ctypes, os, sys, time
 class M(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 n = ctypes.CDLL("libnvidia-ml.so.1"); n.nvmlInit_v2()
-d = ctypes.c_void_p(); n.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(d))
+first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+d = ctypes.c_void_p(); n.nvmlDeviceGetHandleByIndex_v2(int(first) if first.isdigit() else 0, ctypes.byref(d))
 m = M(); peak = 0
 while not os.path.exists(sys.argv[1]):
     n.nvmlDeviceGetMemoryInfo(d, ctypes.byref(m)); peak = max(peak, m.used); time.sleep(0.02)

@@ -28,9 +28,19 @@ import threading
 import time
 
 
-def nvml_used_sampler(index=0):
-    """Sample NVML's used memory of GPU `index` every 2 ms from a thread;
-    returns finish(), which stops it and gives the peak used bytes."""
+def nvml_index():
+    """NVML's index of cuda:0: the first entry of CUDA_VISIBLE_DEVICES when
+    it is a number (NVML numbers every GPU of the host), else 0."""
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+def nvml_used_sampler(index=None):
+    """Sample NVML's used memory of GPU `index` (cuda:0's by default) every
+    2 ms from a thread; returns finish(), which stops it and gives the peak
+    used bytes."""
+    if index is None:
+        index = nvml_index()
     lib = ctypes.CDLL("libnvidia-ml.so.1")
     lib.nvmlInit_v2()
     handle = ctypes.c_void_p()
