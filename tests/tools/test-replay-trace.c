@@ -202,7 +202,7 @@ static void setup_default(struct replay_setup *s, uint64_t capacity)
 
 /* Small-pool blocks and one large block on a stream: 14 MiB live at the
  * peak, 16 MiB reserved; fits a 16 MiB device. (Requests from 1 to 10 MiB
- * would need a 20 MiB segment: EMM_LARGE_SEGMENT.) */
+ * would need a segment of up to 20 MiB: EMM_LARGE_SEGMENT.) */
 static const char small_loop[] = "Thread,Time,Action,Pointer,Size,Stream\n"
 				 "1,1.000001,allocate,0x10000000,1048576,0x0\n"
 				 "2,1.000002,allocate,0x10400000,12582912,0x7f10\n"
