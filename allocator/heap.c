@@ -211,7 +211,7 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 		/* Then the pages under free blocks (mapped idle bytes). */
 		arena_lock(h);
 		if (h->st.reserved - h->st.allocated > h->p.release_threshold)
-			emm_pages_release(h, h->p.release_threshold, false);
+			emm_pages_release(h, h->p.release_threshold);
 		arena_unlock_release(h);
 	}
 	if (ret_requested)
@@ -565,7 +565,7 @@ long long emm_heap_release_idle(emm_heap_t *heap, size_t keep)
 			size_t idle_now = h->st.reserved - h->st.allocated;
 			size_t k = idle_now < keep ? idle_now : keep;
 			keep -= k;
-			total += (long long)emm_pages_release(h, k, true);
+			total += (long long)emm_pages_release(h, k);
 		}
 		arena_unlock_release(h);
 	}

@@ -135,7 +135,7 @@ void emm_heap_oom_recover(struct arena *h)
 	/* Page-granular heaps: the pages under every free ready-any block
 	 * too (whole idle segments went back first: that frees their
 	 * address range as well). */
-	emm_pages_release(h, 0, true);
+	emm_pages_release(h, 0);
 }
 
 /* The other arenas' idle memory goes back too (one arena locked at a time:

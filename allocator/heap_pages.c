@@ -23,11 +23,7 @@
  * is stream-ordered, an unmap is not), and so is every free in the stream
  * free mode. So every give-back first waits for the arena's last legacy
  * event (once per event: lf_done), or the device in stream mode
- * (emm_pages_wait_*), with the blocks reserved and the lock dropped. The
- * give-backs on the allocation and free paths (EMM_HOLD_PEAK, the release
- * threshold) only query that event and give nothing back while it runs:
- * waiting there drained the host's lead over the device at every epoch
- * (PyTorch's loop under vmm: 5.2 steps/s against 7.2 without the hold).
+ * (emm_pages_wait_*), with the blocks reserved and the lock dropped.
  */
 #include "allocator/heap_internal.h"
 
@@ -128,7 +124,7 @@ static void publish_stats(struct arena *h, int64_t mapped_delta)
 
 /* --- waiting for the device before an unmap ------------------------------ */
 
-int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w, bool wait)
+int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w)
 {
 	*w = (struct emm_pages_wait){PAGES_WAIT_NONE, 0};
 	if (!h->has_fence)
@@ -141,12 +137,12 @@ int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w, bool wait)
 	}
 	if (!h->has_last_fence || h->lf_done)
 		return 0;
-	if (!(wait ? h->fops.synchronize : h->fops.query) || f_capturing(h, EMM_STREAM_SYNC))
+	if (!h->fops.synchronize || f_capturing(h, EMM_STREAM_SYNC))
 		return -EBUSY;
 	/* lf_users keeps the event from being replaced and released, and
 	 * every epoch closing meanwhile off the fast path (can_set_last_fence):
 	 * no block becomes ready-any unwaited while we wait. */
-	w->kind = wait ? PAGES_WAIT_EVENT : PAGES_WAIT_QUERY;
+	w->kind = PAGES_WAIT_EVENT;
 	w->ev = h->last_fence;
 	h->lf_users++;
 	return 0;
@@ -156,8 +152,6 @@ int emm_pages_wait_run(struct arena *h, const struct emm_pages_wait *w)
 {
 	if (w->kind == PAGES_WAIT_EVENT)
 		return fop_synchronize(h, w->ev);
-	if (w->kind == PAGES_WAIT_QUERY)
-		return fop_query(h, w->ev);
 	if (w->kind == PAGES_WAIT_DEVICE)
 		return fop_device_synchronize(h);
 	return 0;
@@ -167,11 +161,8 @@ void emm_pages_wait_end(struct arena *h, const struct emm_pages_wait *w, int r)
 {
 	if (w->kind == PAGES_WAIT_NONE)
 		return;
-	if (w->kind == PAGES_WAIT_QUERY)
-		h->st.event_queries++;
-	else
-		h->st.host_waits++;
-	if (w->kind == PAGES_WAIT_EVENT || w->kind == PAGES_WAIT_QUERY) {
+	h->st.host_waits++;
+	if (w->kind == PAGES_WAIT_EVENT) {
 		h->lf_users--;
 		if (r == 0 && h->has_last_fence && h->last_fence == w->ev)
 			h->lf_done = true;
@@ -292,7 +283,7 @@ static bool has_mapped_inner(const struct arena *h, const struct emm_block *b)
 	return false;
 }
 
-size_t emm_pages_release(struct arena *h, size_t keep, bool wait)
+size_t emm_pages_release(struct arena *h, size_t keep)
 {
 	size_t g = h->pg.granularity, total = 0;
 
@@ -343,7 +334,7 @@ size_t emm_pages_release(struct arena *h, size_t keep, bool wait)
 		nc = used;
 
 		struct emm_pages_wait w = {PAGES_WAIT_NONE, 0};
-		if (nr && emm_pages_wait_begin(h, &w, wait) != 0) {
+		if (nr && emm_pages_wait_begin(h, &w) != 0) {
 			/* Cannot wait for the device now (capture): keep them. */
 			for (unsigned c = 0; c < nc; c++)
 				emm_pool_block_ready(h, cand[c], 0);
@@ -387,8 +378,6 @@ size_t emm_pages_release(struct arena *h, size_t keep, bool wait)
 		}
 		for (unsigned c = 0; c < nc; c++)
 			emm_pool_block_ready(h, cand[c], 0);
-		if (wr == -EBUSY && w.kind == PAGES_WAIT_QUERY)
-			break; /* the device is still behind: nothing now */
 		if (wr)
 			emm_warn("waiting for the device before an unmap failed: %d; keeping the pages", wr);
 		else if (failed)
@@ -446,7 +435,7 @@ static size_t release_some(struct arena *a, size_t want)
 
 	if (!a->has_remap || !idle)
 		return 0;
-	return emm_pages_release(a, idle > want ? idle - want : 0, false);
+	return emm_pages_release(a, idle > want ? idle - want : 0);
 }
 
 void emm_pages_hold_peak(struct arena *h, size_t need)

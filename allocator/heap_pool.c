@@ -442,7 +442,7 @@ long long emm_pool_release_finish(struct arena *h, struct emm_segment *list)
 		 * blocks' last work first (heap_pages.c, the fence rule). */
 		struct emm_pages_wait w;
 		arena_lock(h);
-		r = emm_pages_wait_begin(h, &w, true);
+		r = emm_pages_wait_begin(h, &w);
 		arena_unlock_release(h);
 		if (r == 0)
 			r = emm_pages_wait_run(h, &w);
