@@ -146,6 +146,8 @@ struct heap_counters {
 
 #define LONE_MAX 8u /* garbage events not held by a fence struct */
 
+#define MAX_ARENAS 64u /* arenas per heap (struct emm_heap) */
+
 /* One arena: everything below is under its lock. */
 struct arena {
 	pthread_mutex_t lock;
@@ -193,6 +195,17 @@ struct arena {
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
 	size_t epoch_free_bytes; /* a synchronous free closes the open epoch at these bytes */
+
+	/* Borrowing (idle_arenas, heap_alloc.c): this arena's looks at the
+	 * others (misses that would reach the source), written under the
+	 * lock and read without it by the others' looks; and, under the lock,
+	 * per other arena: its looks count when we last looked, how many of
+	 * our looks in a row saw it unmoved, and whether it moved once since
+	 * it was idle (its turn). */
+	_Atomic unsigned long looks;
+	unsigned long seen_looks[MAX_ARENAS];
+	uint8_t quiet[MAX_ARENAS];
+	bool turn[MAX_ARENAS];
 };
 
 /* Freed bytes close an epoch when a miss needs memory and they reach
@@ -214,8 +227,6 @@ struct arena {
  * large_shared (page-granular heaps holding their peak, EMM_HOLD_PEAK),
  * the large pool is arena 0's alone.
  */
-#define MAX_ARENAS 64u
-
 struct emm_heap {
 	unsigned narenas; /* a power of two */
 	int device;
