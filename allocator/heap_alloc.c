@@ -63,7 +63,7 @@ static inline bool epoch_pressure(const struct arena *h, unsigned pool, size_t r
  * thread misses, looks and borrows in turn, and the block comes back
  * through that arena's lock at its free. With 16 threads each keeping a
  * working set (bench-threads) every arena is a look's victim by turns:
- * on the test doubles 5 % of the pairs took another arena's block and
+ * on the test doubles 5-6 % of the pairs took another arena's block and
  * 0.12 other arenas were locked per pair, and on the H200 16 threads ran
  * at half the pairs/s of the build before borrowing (project issue 11).
  * Threads allocating at the same time must keep to their own arenas;

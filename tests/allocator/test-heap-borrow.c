@@ -62,7 +62,7 @@ static unsigned fence_ops(void)
 
 /* --- PyTorch's turns -------------------------------------------------- */
 
-#define STEPS 3
+#define STEPS  3
 #define NSIZES 9
 
 /* One small segment for the first four; a segment each for the others
@@ -177,8 +177,8 @@ TEST_END
 
 /* --- threads missing at the same time --------------------------------- */
 
-#define NTHREADS 4
-#define ROUNDS 24
+#define NTHREADS    4
+#define ROUNDS      24
 #define QUIET_LOOKS 16 /* BORROW_QUIET_MIN: at least NTHREADS */
 
 struct busy_job {
@@ -187,7 +187,7 @@ struct busy_job {
 	struct arena *arena;
 	emm_addr_t live[ROUNDS + 2 * QUIET_LOOKS + 2];
 	unsigned nlive;
-	unsigned others_ops; /* thread 0: fence ops during its misses, after warm-up */
+	unsigned others_ops;  /* thread 0: fence ops during its misses, after warm-up */
 	unsigned borrowed_at; /* thread 0: its look that first took an idle arena's block (0: none) */
 	int rc;
 };
