@@ -362,6 +362,9 @@ static void arena_destroy(struct arena *h, bool release_segments)
 		if (h->has_last_fence && !h->last_fence_owner)
 			fop_release(h, h->last_fence);
 		h->has_last_fence = false;
+		for (unsigned i = 0; i < h->lf_n; i++)
+			fop_release(h, h->lf_ring[i].ev);
+		h->lf_n = 0;
 		emm_heap_garbage_drop(h, true);
 	} else {
 		emm_heap_garbage_drop(h, false);

@@ -10,8 +10,9 @@
  *
  * Pools: requests up to params.small_max go to the small pool, carved from
  * params.small_segment segments; larger requests go to the large pool
- * (segments of params.large_segment for requests below 10 MiB... see
- * emm_heap_segment_size, else the request rounded to params.large_round).
+ * (requests below params.large_segment/2 share segments of about
+ * large_segment holding a whole number of them, see heap_size.c; larger
+ * ones get the request rounded to params.large_round).
  * Sizes round to 512 B (or power-of-two divisions). Free blocks live in
  * best-fit trees keyed by (stream, size, address); neighbours coalesce.
  *
@@ -69,7 +70,7 @@ enum emm_free_mode {
 struct emm_heap_params {
 	size_t small_max;	     /* requests <= this use the small pool (1 MiB) */
 	size_t small_segment;	     /* small-pool segment size (2 MiB) */
-	size_t large_segment;	     /* segment for large requests < large_segment/2 (20 MiB) */
+	size_t large_segment;	     /* about the segment for large requests < large_segment/2 (20 MiB) */
 	size_t large_round;	     /* other large segments round up to this (2 MiB) */
 	size_t max_split;	     /* cached blocks >= this are never split (SIZE_MAX: no limit) */
 	size_t max_nosplit_slack;    /* an unsplittable block serves requests up to this much smaller (20 MiB) */

@@ -217,17 +217,35 @@ static bool can_set_last_fence(const struct arena *h)
 	return h->lf_users == 0 && (!h->has_last_fence || h->last_fence_owner || h->nlone < LONE_MAX);
 }
 
+/* The replaced heap-owned last fence: into the ring of older events that
+ * a page give-back without a wait queries (heap_pages.c; page-granular
+ * heaps only), unless it is
+ * known complete or the ring is full (then garbage; the next events still
+ * cover its blocks, which are older). */
+static void lf_retire(struct arena *h)
+{
+	if (h->lf_done) {
+		if (h->lf_seq > h->safe_seq)
+			h->safe_seq = h->lf_seq;
+	} else if (h->has_remap && h->lf_n < LF_RING) {
+		h->lf_ring[h->lf_n++] = (struct lf_entry){h->last_fence, h->lf_seq};
+		return;
+	}
+	garbage_lone(h, h->last_fence);
+}
+
 static void set_last_fence(struct arena *h, uint64_t ev, struct emm_fence *owner)
 {
 	if (h->has_last_fence) {
 		if (h->last_fence_owner)
 			h->last_fence_owner->keep_legacy = false; /* its fence releases it */
 		else
-			garbage_lone(h, h->last_fence);
+			lf_retire(h);
 	}
 	h->last_fence = ev;
 	h->has_last_fence = true;
 	h->lf_done = false;
+	h->lf_seq = h->close_seq; /* it follows every fast-path close so far */
 	h->last_fence_owner = owner;
 	if (owner)
 		owner->keep_legacy = true;
@@ -391,8 +409,12 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 		 * reused pinned block at once, outside every stream, so it must
 		 * wait for completion (a copy from it may still be in flight:
 		 * measured on the H200). */
+		if (h->close_seq < UINT32_MAX) /* saturated: given back only once lf_done */
+			h->close_seq++;
 		set_last_fence(h, ep->events[0], NULL);
 		ep->nevents = 0;
+		for (struct emm_block *b = ep->blocks; b; b = b->link)
+			b->ready_seq = h->close_seq;
 		if (ret_ready) {
 			struct emm_block *b = ep->blocks, *bn;
 			for (; b; b = bn) {

@@ -344,11 +344,13 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b);
 
 /* Unmap the granules wholly inside ready-any blocks, largest blocks first,
  * until at most `keep` idle bytes (reserved - allocated) remain. Returns the
- * bytes given back. With `wait` false the give-back makes no host wait: if
- * the arena's last legacy event has not completed (one query), it gives
- * nothing back now (EMM_HOLD_PEAK and the release threshold, on the
- * allocation and free paths; emm_release_idle and the OOM retry wait).
- * Lock held; dropped around the calls. */
+ * bytes given back. With `wait` false (EMM_HOLD_PEAK and the release
+ * threshold, on the allocation and free paths) the fence-mode give-back
+ * makes no host wait: it takes only blocks whose fast-path close is known
+ * complete (ready_seq <= safe_seq, advanced by queries of lf_ring); with
+ * `wait` true (emm_release_idle, the OOM retry) it waits for the last
+ * legacy event and takes any ready-any block. Lock held; dropped around
+ * the calls. */
 size_t emm_pages_release(struct arena *h, size_t keep, bool wait);
 
 /* Before memory of ready-any blocks is unmapped (emm_pages_release, a
@@ -359,17 +361,15 @@ size_t emm_pages_release(struct arena *h, size_t keep, bool wait);
  * the arena's last legacy event, or the device in stream mode.
  * emm_pages_wait_begin (lock held, after the blocks concerned are out of
  * their trees) says what to wait for: 0, or -EBUSY when a wait is needed
- * and cannot be made (capture, no op; then nothing may be unmapped); with
- * `wait` false the event is only queried (PAGES_WAIT_QUERY);
- * emm_pages_wait_run (lock not held) waits or queries, 0 or the op's error
- * (-EBUSY: the queried event runs on: unmap nothing);
+ * and cannot be made (capture, no op; then nothing may be unmapped);
+ * emm_pages_wait_run (lock not held) waits, 0 or the op's error;
  * emm_pages_wait_end (lock held) publishes it. */
-enum emm_pages_wait_kind { PAGES_WAIT_NONE, PAGES_WAIT_EVENT, PAGES_WAIT_QUERY, PAGES_WAIT_DEVICE };
+enum emm_pages_wait_kind { PAGES_WAIT_NONE, PAGES_WAIT_EVENT, PAGES_WAIT_DEVICE };
 struct emm_pages_wait {
 	enum emm_pages_wait_kind kind;
-	uint64_t ev; /* PAGES_WAIT_EVENT, _QUERY: the arena's last legacy event */
+	uint64_t ev; /* PAGES_WAIT_EVENT: the arena's last legacy event */
 };
-int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w, bool wait);
+int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w);
 int emm_pages_wait_run(struct arena *h, const struct emm_pages_wait *w);
 void emm_pages_wait_end(struct arena *h, const struct emm_pages_wait *w, int r);
 

@@ -25,9 +25,12 @@
  * event (once per event: lf_done), or the device in stream mode
  * (emm_pages_wait_*), with the blocks reserved and the lock dropped. The
  * give-backs on the allocation and free paths (EMM_HOLD_PEAK, the release
- * threshold) only query that event and give nothing back while it runs:
- * waiting there drained the host's lead over the device at every epoch
- * (PyTorch's loop under vmm: 5.2 steps/s against 7.2 without the hold).
+ * threshold) wait for nothing: each fast-path close is numbered, its
+ * blocks carry the number (ready_seq), and only blocks whose close's
+ * legacy event a query found complete (safe_seq, lf_advance) give pages
+ * back there. Waiting for the last event drained the host's lead over the
+ * device at every epoch (PyTorch's loop under vmm: 5.2 steps/s against 7.2
+ * without the hold).
  */
 #include "allocator/heap_internal.h"
 
@@ -128,7 +131,7 @@ static void publish_stats(struct arena *h, int64_t mapped_delta)
 
 /* --- waiting for the device before an unmap ------------------------------ */
 
-int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w, bool wait)
+int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w)
 {
 	*w = (struct emm_pages_wait){PAGES_WAIT_NONE, 0};
 	if (!h->has_fence)
@@ -141,12 +144,12 @@ int emm_pages_wait_begin(struct arena *h, struct emm_pages_wait *w, bool wait)
 	}
 	if (!h->has_last_fence || h->lf_done)
 		return 0;
-	if (!(wait ? h->fops.synchronize : h->fops.query) || f_capturing(h, EMM_STREAM_SYNC))
+	if (!h->fops.synchronize || f_capturing(h, EMM_STREAM_SYNC))
 		return -EBUSY;
 	/* lf_users keeps the event from being replaced and released, and
 	 * every epoch closing meanwhile off the fast path (can_set_last_fence):
 	 * no block becomes ready-any unwaited while we wait. */
-	w->kind = wait ? PAGES_WAIT_EVENT : PAGES_WAIT_QUERY;
+	w->kind = PAGES_WAIT_EVENT;
 	w->ev = h->last_fence;
 	h->lf_users++;
 	return 0;
@@ -156,8 +159,6 @@ int emm_pages_wait_run(struct arena *h, const struct emm_pages_wait *w)
 {
 	if (w->kind == PAGES_WAIT_EVENT)
 		return fop_synchronize(h, w->ev);
-	if (w->kind == PAGES_WAIT_QUERY)
-		return fop_query(h, w->ev);
 	if (w->kind == PAGES_WAIT_DEVICE)
 		return fop_device_synchronize(h);
 	return 0;
@@ -167,11 +168,8 @@ void emm_pages_wait_end(struct arena *h, const struct emm_pages_wait *w, int r)
 {
 	if (w->kind == PAGES_WAIT_NONE)
 		return;
-	if (w->kind == PAGES_WAIT_QUERY)
-		h->st.event_queries++;
-	else
-		h->st.host_waits++;
-	if (w->kind == PAGES_WAIT_EVENT || w->kind == PAGES_WAIT_QUERY) {
+	h->st.host_waits++;
+	if (w->kind == PAGES_WAIT_EVENT) {
 		h->lf_users--;
 		if (r == 0 && h->has_last_fence && h->last_fence == w->ev)
 			h->lf_done = true;
@@ -292,13 +290,70 @@ static bool has_mapped_inner(const struct arena *h, const struct emm_block *b)
 	return false;
 }
 
+/*
+ * Move safe_seq up without a host wait: query the ring's events oldest
+ * first (legacy-stream order: they complete in that order) and, when all
+ * have completed, the last fence; stop at the first still running. The
+ * queries run with the lock dropped: lf_ring_busy makes the ring
+ * append-only meanwhile (one querier at a time), lf_users keeps the last
+ * fence; the completed ring events are released there too, and leave the
+ * ring once the lock is back. Not during a capture (no query then).
+ */
+static void lf_advance(struct arena *h)
+{
+	struct lf_entry ring[LF_RING];
+	unsigned n = h->lf_n, done = 0, phase;
+	uint64_t lf = h->last_fence;
+	int r = 0;
+
+	if (h->lf_ring_busy || h->lf_done || !h->has_last_fence || !h->fops.query ||
+	    f_capturing(h, EMM_STREAM_SYNC))
+		return;
+	memcpy(ring, h->lf_ring, n * sizeof(ring[0]));
+	h->lf_ring_busy = true;
+	h->lf_users++;
+	phase = emm_heap_inflight_enter(h);
+	arena_unlock_release(h);
+	while (done < n && (r = fop_query(h, ring[done].ev)) == 0)
+		fop_release(h, ring[done++].ev);
+	bool lf_complete = done == n && fop_query(h, lf) == 0;
+	arena_lock(h);
+	emm_heap_inflight_leave(h, phase);
+	h->lf_users--;
+	h->lf_ring_busy = false;
+	h->st.event_queries += done + 1;
+	if (done) {
+		if (ring[done - 1].seq > h->safe_seq)
+			h->safe_seq = ring[done - 1].seq;
+		memmove(h->lf_ring, h->lf_ring + done, (h->lf_n - done) * sizeof(ring[0]));
+		h->lf_n -= done;
+	}
+	if (lf_complete && h->has_last_fence && h->last_fence == lf) {
+		h->lf_done = true;
+		if (h->lf_seq > h->safe_seq)
+			h->safe_seq = h->lf_seq;
+	}
+}
+
+/* The newest fast-path close whose blocks' pages may go now: every one
+ * when the last legacy event is known complete (or there is none). */
+static uint32_t safe_seq_now(const struct arena *h)
+{
+	return h->lf_done || !h->has_last_fence ? UINT32_MAX : h->safe_seq;
+}
+
 size_t emm_pages_release(struct arena *h, size_t keep, bool wait)
 {
 	size_t g = h->pg.granularity, total = 0;
+	/* Without a wait, in fence mode: only blocks known complete. */
+	bool filter = !wait && h->has_fence && h->p.free_mode != EMM_FREE_MODE_STREAM;
 
 	if (!h->has_remap)
 		return 0;
+	if (filter && h->st.reserved - h->st.allocated > keep)
+		lf_advance(h);
 	while (h->st.reserved - h->st.allocated > keep) {
+		uint32_t safe = filter ? safe_seq_now(h) : UINT32_MAX;
 		struct emm_block *cand[RELEASE_BATCH];
 		struct run runs[RUNS_MAX];
 		unsigned nc = 0, nr = 0;
@@ -310,7 +365,7 @@ size_t emm_pages_release(struct arena *h, size_t keep, bool wait)
 			struct emm_tree_node *n = emm_tree_lower_bound(t, 1, 0, 0);
 			n = n ? emm_tree_prev(n) : emm_tree_last(t);
 			for (; n && n->key[0] == 0 && nc < RELEASE_BATCH; n = emm_tree_prev(n))
-				if (has_mapped_inner(h, node_block(n)))
+				if (node_block(n)->ready_seq <= safe && has_mapped_inner(h, node_block(n)))
 					cand[nc++] = node_block(n);
 		}
 		if (nc == 0)
@@ -343,7 +398,7 @@ size_t emm_pages_release(struct arena *h, size_t keep, bool wait)
 		nc = used;
 
 		struct emm_pages_wait w = {PAGES_WAIT_NONE, 0};
-		if (nr && emm_pages_wait_begin(h, &w, wait) != 0) {
+		if (nr && !filter && emm_pages_wait_begin(h, &w) != 0) {
 			/* Cannot wait for the device now (capture): keep them. */
 			for (unsigned c = 0; c < nc; c++)
 				emm_pool_block_ready(h, cand[c], 0);
@@ -387,8 +442,6 @@ size_t emm_pages_release(struct arena *h, size_t keep, bool wait)
 		}
 		for (unsigned c = 0; c < nc; c++)
 			emm_pool_block_ready(h, cand[c], 0);
-		if (wr == -EBUSY && w.kind == PAGES_WAIT_QUERY)
-			break; /* the device is still behind: nothing now */
 		if (wr)
 			emm_warn("waiting for the device before an unmap failed: %d; keeping the pages", wr);
 		else if (failed)

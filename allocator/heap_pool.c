@@ -46,6 +46,7 @@ static struct emm_block *block_new(struct arena *h)
 	b->fence = NULL;
 	b->requested = 0;
 	b->stream = 0;
+	b->ready_seq = 0;
 	atomic_store_explicit(&b->tcached, 0, memory_order_relaxed);
 	emm_tree_node_clear(&b->node);
 	return b;
@@ -155,6 +156,8 @@ struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm
 		tree_take(h, n);
 		b->addr = n->addr;
 		b->size += n->size;
+		if (n->ready_seq > b->ready_seq)
+			b->ready_seq = n->ready_seq;
 		b->prev = n->prev;
 		if (b->prev)
 			b->prev->next = b;
@@ -167,6 +170,8 @@ struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm
 	if (n && n->state == BLOCK_READY && n->stream == key) {
 		tree_take(h, n);
 		b->size += n->size;
+		if (n->ready_seq > b->ready_seq)
+			b->ready_seq = n->ready_seq;
 		b->next = n->next;
 		if (b->next)
 			b->next->prev = b;
@@ -203,6 +208,7 @@ static inline void take_common(struct arena *h, struct emm_block *b, size_t roun
 			r->addr = b->addr + rounded;
 			r->size = b->size - rounded;
 			r->stream = b->stream;
+			r->ready_seq = b->ready_seq;
 			r->state = BLOCK_READY;
 			r->prev = b;
 			r->next = b->next;
@@ -442,7 +448,7 @@ long long emm_pool_release_finish(struct arena *h, struct emm_segment *list)
 		 * blocks' last work first (heap_pages.c, the fence rule). */
 		struct emm_pages_wait w;
 		arena_lock(h);
-		r = emm_pages_wait_begin(h, &w, true);
+		r = emm_pages_wait_begin(h, &w);
 		arena_unlock_release(h);
 		if (r == 0)
 			r = emm_pages_wait_run(h, &w);

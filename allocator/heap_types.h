@@ -82,6 +82,10 @@ struct emm_block {
 	emm_stream_t stream; /* READY: 0 (any) or S; LIVE: the allocation stream */
 	uint8_t state;
 	uint8_t pool;
+	/* READY under key 0 by a fast-path epoch close: that close's number
+	 * (arena close_seq); its pages may be unmapped once that close's legacy
+	 * event is known complete (arena safe_seq). Merges keep the larger. */
+	uint32_t ready_seq;
 	/* Freed into a thread's cache (heap_tcache.c): in no tree and no fence,
 	 * reached by no other thread until that cache flushes. Its state stays
 	 * BLOCK_LIVE there (the cache never writes state without the lock; a
@@ -145,6 +149,7 @@ struct heap_counters {
 };
 
 #define LONE_MAX 8u /* garbage events not held by a fence struct */
+#define LF_RING  16u /* older fast-path legacy events kept for page give-back */
 
 #define MAX_ARENAS 64u /* arenas per heap (struct emm_heap) */
 
@@ -192,6 +197,17 @@ struct arena {
 	struct emm_fence *last_fence_owner; /* pending fence whose events[0] it is */
 	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
 	bool lf_done; /* last_fence known complete (page give-back synchronized on it) */
+	/* Page give-back without a host wait (heap_pages.c): every fast-path
+	 * close is numbered (close_seq; lf_seq: last_fence's number), and the
+	 * legacy events of earlier ones wait in lf_ring, oldest first, until a
+	 * query finds them complete; then safe_seq moves up to their number. */
+	uint32_t close_seq, lf_seq, safe_seq;
+	struct lf_entry {
+		uint64_t ev;
+		uint32_t seq;
+	} lf_ring[LF_RING];
+	unsigned lf_n;
+	bool lf_ring_busy; /* a thread queries the ring, lock dropped: append only */
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
 	size_t epoch_free_bytes; /* a synchronous free closes the open epoch at these bytes */

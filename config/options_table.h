@@ -127,7 +127,7 @@ static const char *const vmm_names[] = {
 	X(SMALL_SEGMENT, small_segment, SIZE, Z(2 * MIB), "bytes", FLAGS(F_NONZERO | F_ALIGN512),     \
 	  "Size of the segments the small pool carves its blocks from")                               \
 	X(LARGE_SEGMENT, large_segment, SIZE, Z(20 * MIB), "bytes", FLAGS(F_NONZERO | F_ALIGN512),    \
-	  "Segment size for large requests smaller than half of it")                                  \
+	  "Large requests below half of it share segments of as many as fit this size")               \
 	X(LARGE_ROUND, large_round, SIZE, Z(2 * MIB), "bytes", FLAGS(F_NONZERO | F_ALIGN512),         \
 	  "Bigger large requests get a segment of their own, rounded up to this")                     \
 	X(MAX_SPLIT, max_split, SIZE, Z(SIZE_MAX), "bytes", FLAGS(F_UNLIMITED),                       \

@@ -40,9 +40,16 @@ static bool all_complete(void)
 	return done;
 }
 
+/* With allow_hi set, an unmap outside [allow_lo, allow_hi) counts as
+ * unfenced instead (the test completed only some events). */
+static emm_addr_t allow_lo, allow_hi;
+
 static int unmap_checked(void *state, emm_addr_t seg, size_t seg_size, size_t off, size_t len)
 {
-	unfenced += !all_complete();
+	if (allow_hi)
+		unfenced += seg + off < allow_lo || seg + off + len > allow_hi;
+	else
+		unfenced += !all_complete();
 	return pd_unmap(state, seg, seg_size, off, len);
 }
 
@@ -59,6 +66,7 @@ static emm_heap_t *setup(struct emm_heap_params *p, size_t capacity)
 	pd_init(&pd, capacity);
 	fake_fence_init(&fence);
 	unfenced = 0;
+	allow_lo = allow_hi = 0;
 	stream_mode = p->free_mode == EMM_FREE_MODE_STREAM;
 	struct emm_segment_source src = pd_source(&pd);
 	struct emm_segment_pages pages = pd_pages(&pd, true, true);
@@ -155,6 +163,40 @@ TEST_BEGIN(test_hold_peak_defers_while_legacy_event_runs)
 }
 TEST_END
 
+/* The held peak gives back what an older close covers while a newer one
+ * runs: a freed (close 1), c freed (close 2), only close 1's event
+ * completed: the growth past the mark unmaps a's pages, not c's, and
+ * makes no host wait. */
+TEST_BEGIN(test_hold_peak_older_close_complete)
+{
+	struct emm_heap_params p = params(EMM_FREE_MODE_FENCE);
+	emm_heap_t *h = setup(&p, 512 * MIB);
+	assert_ptr_not_null(h);
+	emm_addr_t a = xalloc(h, 40 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t b = xalloc(h, 40 * MIB, EMM_STREAM_SYNC);
+	emm_addr_t c = xalloc(h, 40 * MIB, EMM_STREAM_SYNC);
+	sync_free(a);
+	sync_free(c);
+	expect_u64_eq(fence.records, 2);
+	fence.done_upto = 1; /* the device reached a's close, not c's */
+	allow_lo = a;
+	allow_hi = a + 40 * MIB;
+	emm_addr_t d = xalloc(h, 60 * MIB, EMM_STREAM_SYNC);
+	expect_true(d != 0);
+	expect_true(pd.unmaps > 0);
+	expect_u64_eq(unfenced, 0);
+	/* d is c's block grown by 20 MiB in place: 20 MiB of a's went back. */
+	expect_u64_eq(pd.used, 120 * MIB);
+	expect_u64_eq(fence.syncs + fence.device_syncs, 0);
+	expect_u64_eq(heap_stats(h).host_waits, 0);
+	expect_int_eq(emm_heap_check(h), 0);
+	allow_hi = 0;
+	xfree(b, EMM_STREAM_SYNC);
+	xfree(d, EMM_STREAM_SYNC);
+	teardown(h);
+}
+TEST_END
+
 /* The give-back of emm_heap_release_idle: whole idle segments (segment
  * free) and the pages under free blocks, both after the free's event. */
 TEST_BEGIN(test_release_idle_waits)
@@ -203,6 +245,6 @@ TEST_END
 
 int main(void)
 {
-	return emm_test_run(test_hold_peak_defers_while_legacy_event_runs, test_hold_peak_stream_mode_waits_for_device,
+	return emm_test_run(test_hold_peak_defers_while_legacy_event_runs, test_hold_peak_older_close_complete, test_hold_peak_stream_mode_waits_for_device,
 	                    test_release_idle_waits, test_oom_retry_waits, NULL);
 }

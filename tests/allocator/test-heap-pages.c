@@ -294,9 +294,9 @@ TEST_BEGIN(test_grow)
 	emm_heap_t *h = setup(&p, 4096 * MIB, false, true, false);
 	assert_ptr_not_null(h);
 	pd.reserve = 66 * MIB;
-	emm_addr_t a = palloc(h, 7 * MIB, EMM_STREAM_SYNC); /* 20 MiB segment, reserve 66 */
+	emm_addr_t a = palloc(h, 7 * MIB, EMM_STREAM_SYNC); /* 14 MiB segment, reserve 66 */
 	emm_addr_t b = palloc(h, 7 * MIB, EMM_STREAM_SYNC);
-	emm_addr_t c = palloc(h, 7 * MIB, EMM_STREAM_SYNC); /* tail 6 MiB: grows */
+	emm_addr_t c = palloc(h, 7 * MIB, EMM_STREAM_SYNC); /* segment full: grows */
 	expect_u64_eq(b, a + 7 * MIB);
 	expect_u64_eq(c, b + 7 * MIB);
 	struct emm_stats st = heap_stats(h);

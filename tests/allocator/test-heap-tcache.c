@@ -309,7 +309,7 @@ TEST_BEGIN(test_oom_retry_flushes_the_cache)
 	xfree(a, 0);
 	xfree(b, 0); /* one whole segment idle, in the cache */
 	expect_u64_eq(heap_stats(h).reserved_bytes, 4 * MIB);
-	/* A 20 MiB segment cannot come; the OOM retry gave back the cache's
+	/* An 18 MiB segment cannot come; the OOM retry gave back the cache's
 	 * idle segment on the way. */
 	emm_addr_t big;
 	expect_int_eq(emm_heap_alloc(h, 3 * MIB, 0, &big), -ENOMEM);

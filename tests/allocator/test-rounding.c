@@ -121,9 +121,21 @@ TEST_BEGIN(test_segment_size)
 	/* Small pool: 2 MiB segments. */
 	expect_u64_eq(emm_heap_segment_size(&p, 512), 2 * MIB);
 	expect_u64_eq(emm_heap_segment_size(&p, 1 * MIB), 2 * MIB);
-	/* Large requests below 10 MiB share 20 MiB segments. */
-	expect_u64_eq(emm_heap_segment_size(&p, 1 * MIB + 512), 20 * MIB);
-	expect_u64_eq(emm_heap_segment_size(&p, 10 * MIB - 512), 20 * MIB);
+	/* Large requests below 10 MiB share segments of as many of them as
+	 * fit 20 MiB, rounded up to 2 MiB. */
+	expect_u64_eq(emm_heap_segment_size(&p, 1 * MIB + 512), 20 * MIB);  /* 19 */
+	expect_u64_eq(emm_heap_segment_size(&p, 10 * MIB - 512), 20 * MIB); /* 2 */
+	expect_u64_eq(emm_heap_segment_size(&p, 2 * MIB), 20 * MIB);        /* 10 */
+	expect_u64_eq(emm_heap_segment_size(&p, 3 * MIB), 18 * MIB);        /* 6 */
+	expect_u64_eq(emm_heap_segment_size(&p, 4 * MIB), 20 * MIB);        /* 5 */
+	expect_u64_eq(emm_heap_segment_size(&p, 9 * MIB / 2), 18 * MIB);    /* 4 */
+	expect_u64_eq(emm_heap_segment_size(&p, 5 * MIB), 20 * MIB);        /* 4 */
+	expect_u64_eq(emm_heap_segment_size(&p, 11 * MIB / 2), 18 * MIB);   /* 3, 16.5 rounded */
+	expect_u64_eq(emm_heap_segment_size(&p, 13 * MIB / 2), 20 * MIB);   /* 3, 19.5 rounded */
+	expect_u64_eq(emm_heap_segment_size(&p, 7 * MIB), 14 * MIB);        /* 2: issue 9's fill */
+	expect_u64_eq(emm_heap_segment_size(&p, 7 * MIB + 512), 16 * MIB);  /* 2, the worst: 7/8 used */
+	expect_u64_eq(emm_heap_segment_size(&p, 15 * MIB / 2), 16 * MIB);   /* 2 */
+	expect_u64_eq(emm_heap_segment_size(&p, 9 * MIB), 18 * MIB);        /* 2 */
 	/* From 10 MiB: rounded up to 2 MiB. */
 	expect_u64_eq(emm_heap_segment_size(&p, 10 * MIB), 10 * MIB);
 	expect_u64_eq(emm_heap_segment_size(&p, 10 * MIB + 512), 12 * MIB);
@@ -151,8 +163,62 @@ TEST_BEGIN(test_segment_size)
 }
 TEST_END
 
+/* The shared large segments over every request from 1 MiB to 10 MiB: as
+ * many requests as fit 20 MiB and a tail under one large_round (so never
+ * more than that many page-rounded cudaMallocs would waste), at most 1/8
+ * of the segment, the segment never above large_segment. */
+TEST_BEGIN(test_segment_size_shared)
+{
+	struct emm_heap_params p;
+	size_t lo = SIZE_MAX, hi = 0;
+
+	emm_heap_params_default(&p);
+	for (size_t r = 1 * MIB + 512; r < 10 * MIB; r += 512) {
+		size_t seg = emm_heap_segment_size(&p, r);
+		size_t k = seg / r, tail = seg - k * r;
+		size_t page_tail = (2 * MIB - r % (2 * MIB)) % (2 * MIB);
+		if (seg % (2 * MIB) || seg > 20 * MIB || k != 20 * MIB / r || tail >= 2 * MIB ||
+		    tail > k * page_tail || tail * 8 > seg)
+			emm_test_fail_("request %zu: segment %zu (%zu blocks, tail %zu)", r, seg, k, tail);
+		lo = seg < lo ? seg : lo;
+		hi = seg > hi ? seg : hi;
+	}
+	expect_u64_eq(lo, 14 * MIB);
+	expect_u64_eq(hi, 20 * MIB);
+
+	/* large_round not dividing large_segment: 6 MiB in 8 MiB steps is
+	 * three in 24; with max_split 22 MiB that is refused (its remainder
+	 * would serve no smaller request) and large_segment comes as before. */
+	p.large_round = 8 * MIB;
+	expect_u64_eq(emm_heap_segment_size(&p, 6 * MIB), 24 * MIB);
+	expect_u64_eq(emm_heap_segment_size(&p, 7 * MIB), 16 * MIB);
+	p.max_split = 22 * MIB;
+	expect_u64_eq(emm_heap_segment_size(&p, 6 * MIB), 20 * MIB);
+	expect_u64_eq(emm_heap_segment_size(&p, 7 * MIB), 16 * MIB);
+
+	/* large_round as large as large_segment: every shared segment is
+	 * large_segment, as before. */
+	emm_heap_params_default(&p);
+	p.large_round = 20 * MIB;
+	for (size_t r = 1 * MIB + 512; r < 10 * MIB; r += 65 * 1024)
+		expect_u64_eq(emm_heap_segment_size(&p, r), 20 * MIB);
+
+	/* Near the top of size_t: 2 * rounded rounded up to large_round
+	 * overflows, and large_segment comes, never 0. At 3/4 of it, it still
+	 * rounds. */
+	emm_heap_params_default(&p);
+	p.large_segment = SIZE_MAX & ~(size_t)511;
+	size_t r = p.large_segment / 2 - 512;
+	expect_u64_eq(emm_heap_segment_size(&p, r), p.large_segment);
+	p.large_segment = (SIZE_MAX / 4 * 3) & ~(size_t)511;
+	r = p.large_segment / 2 - 512;
+	expect_u64_eq(emm_heap_segment_size(&p, r), (size_t)3 << 62);
+}
+TEST_END
+
 /* Pool selection through a heap: a small request lands in a 2 MiB segment,
- * a large one in a 20 MiB segment; reserved bytes tell which. */
+ * a large one (19 of them in 20 MiB) in a 20 MiB segment; reserved bytes
+ * tell which. */
 static uint64_t bump = 0x100000000ull;
 
 static int src_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret)
@@ -211,5 +277,5 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_defaults, test_round_512, test_round_divisions, test_segment_size,
-	                    test_pool_selection, NULL);
+	                    test_segment_size_shared, test_pool_selection, NULL);
 }

@@ -15,8 +15,11 @@
  * kernel runs, makes libemm give pages back:
  *
  *   1. hold-peak: 64 + 64 MiB, A (the first) freed, emm_release_idle with
- *      a huge keep to close the epoch, then 96 MiB: past the high-water mark,
- *      so (EMM_HOLD_PEAK on) A's pages go back before the segment grows;
+ *      a huge keep to close the epoch, then 96 MiB: past the high-water mark.
+ *      EMM_HOLD_PEAK's give-back makes no host wait: while the kernel runs
+ *      it gives nothing back (host_waits unchanged); once the device is
+ *      synchronized, the next growth past the mark (80 MiB, more than A's hole) gives A's
+ *      pages back;
  *   2. release-idle: A (48 MiB) freed, emm_release_idle(0, 0).
  *
  * Every phase must end with cudaDeviceSynchronize() == cudaSuccess and the
@@ -104,7 +107,7 @@ static uint64_t given_back(stats_fn get)
 	return s.page_unmaps + s.backend_frees;
 }
 
-static bool finish(const char *phase, stats_fn get, uint64_t unmaps0)
+static bool finish(const char *phase, stats_fn get, uint64_t unmaps0, bool need_giveback)
 {
 	unsigned long long host[2] = {0, 0};
 	cudaError_t e = cudaDeviceSynchronize();
@@ -121,7 +124,7 @@ static bool finish(const char *phase, stats_fn get, uint64_t unmaps0)
 		printf("vmm-inflight: FAIL: %s: the kernel read wrong data\n", phase);
 		return false;
 	}
-	if (unmaps == unmaps0) {
+	if (need_giveback && unmaps == unmaps0) {
 		printf("vmm-inflight: FAIL: %s: no page went back (is EMM_BACKEND=vmm?)\n", phase);
 		return false;
 	}
@@ -153,8 +156,20 @@ int main(void)
 		if (ok) {
 			read_and_free(a, 64 * MIB);
 			(void)rel(0, (size_t)1 << 60); /* closes the epoch, gives nothing back */
+			uint64_t w0 = stats(get).host_waits;
 			void *c = alloc_filled(96 * MIB);
-			ok = c && finish("hold-peak", get, u0);
+			uint64_t w1 = stats(get).host_waits;
+			ok = c && finish("hold-peak, kernel running", get, u0, false);
+			if (ok && w1 != w0) {
+				printf("vmm-inflight: FAIL: hold-peak: the growth waited for the device (%llu host waits)\n",
+				       (unsigned long long)(w1 - w0));
+				ok = false;
+			}
+			/* The device has caught up: the next growth gives A's pages back. */
+			uint64_t u1 = given_back(get);
+			void *d = ok ? alloc_filled(80 * MIB) : NULL; /* more than A's hole */
+			ok = ok && d && finish("hold-peak, after a synchronize", get, u1, true);
+			cudaFree(d);
 			cudaFree(c);
 		}
 		cudaFree(b);
@@ -168,7 +183,7 @@ int main(void)
 		if (ok) {
 			read_and_free(a, 48 * MIB);
 			(void)rel(0, 0);
-			ok = finish("release-idle", get, u0);
+			ok = finish("release-idle", get, u0, true);
 		}
 		cudaFree(b);
 	}

@@ -78,12 +78,13 @@ def oom():
 
 
 def oom_fragmented():
-    """Two 8 MiB segments, each with a 3 MiB hole and a 2 MiB tail: 10 MiB
-    unallocated, none of it 6 MiB in one piece."""
+    """Two 6 MiB segments (EMM_LARGE_SEGMENT=8M holds two 3 MiB blocks in
+    6 MiB), each with a 3 MiB hole: 6 MiB unallocated, none of it 6 MiB in
+    one piece, and the device's other 4 MiB too small as well."""
     err = run(["a:3M"] * 4 + ["f:0", "f:2", "o:6M"],
               {"FAKECUDA_MEM_CAPACITY": "16M", "EMM_LARGE_SEGMENT": "8M"})
     r = "".join(lines_with(err, "out of memory"))
-    check("libemm holds 6.0 MiB allocated and 10.0 MiB reserved but unallocated" in r, "unallocated bytes", err)
+    check("16.0 MiB total, 4.0 MiB free; libemm holds 6.0 MiB allocated and 6.0 MiB reserved but unallocated" in r, "unallocated bytes", err)
     check("largest free block 3.0 MiB" in r, "largest free block", r)
     check("EMM_BACKEND=vmm" in r, "hint: vmm for fragmented memory", r)
 

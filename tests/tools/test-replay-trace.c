@@ -3,7 +3,8 @@
  * tests/tools/test-replay-trace.c - emm-replay's trace reader, map and
  * runner: both CSV dialects (libemm's, RMM's with "(nil)" and hex streams),
  * stream keys, replay order, free matching, malformed lines, and replays
- * that fail, expect failures, and run on a 16 MiB simulated device.
+ * that fail, expect failures, run on a 16 MiB simulated device, and fill
+ * a 2000 MiB one with 7 MiB blocks.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -202,7 +203,7 @@ static void setup_default(struct replay_setup *s, uint64_t capacity)
 
 /* Small-pool blocks and one large block on a stream: 14 MiB live at the
  * peak, 16 MiB reserved; fits a 16 MiB device. (Requests from 1 to 10 MiB
- * would need a 20 MiB segment: EMM_LARGE_SEGMENT.) */
+ * would need a segment of up to 20 MiB: EMM_LARGE_SEGMENT.) */
 static const char small_loop[] = "Thread,Time,Action,Pointer,Size,Stream\n"
 				 "1,1.000001,allocate,0x10000000,1048576,0x0\n"
 				 "2,1.000002,allocate,0x10400000,12582912,0x7f10\n"
@@ -249,6 +250,42 @@ TEST_BEGIN(test_replay_small_device)
 		replay_result_free(&res);
 		replayer_destroy(rp);
 	}
+	replay_trace_free(&t);
+}
+TEST_END
+
+/* Issue 9 on the simulated device: 7 MiB blocks until it is full. Two
+ * in each 14 MiB segment fill 1988 of 2000 MiB (one 20 MiB segment per
+ * two blocks stopped at 1400 MiB; cudaMalloc's 8 MiB per block: 1750). */
+TEST_BEGIN(test_replay_fill_7mib)
+{
+	struct replay_trace t;
+	struct replay_setup s;
+	struct replay_result res;
+	struct replayer *rp;
+	char err[256] = "";
+	size_t n = 300, len = 64 + n * 64, off = 0;
+	char *text = malloc(len);
+
+	assert_ptr_not_null(text);
+	off += (size_t)snprintf(text + off, len - off, "Thread,Time,Action,Pointer,Size,Stream\n");
+	for (size_t i = 0; i < n; i++)
+		off += (size_t)snprintf(text + off, len - off, "1,%zu.5,allocate,0x%llx,%llu,0x0\n", i + 1,
+		                        (unsigned long long)(0x100000000000ull + i * 8 * MIB),
+		                        (unsigned long long)(7 * MIB));
+	assert_int_eq(load(text, &t, err, sizeof(err)), 0);
+	free(text);
+	assert_int_eq(replayer_create(&t, true, &rp), 0);
+	setup_default(&s, 2000 * MIB);
+	assert_int_eq(replayer_run(rp, &s, &res, err, sizeof(err)), 0);
+	expect_false(res.ok);
+	expect_int_eq(res.fail_error, -ENOMEM);
+	expect_u64_eq(res.fail_index, 2000 / 14 * 2);
+	expect_u64_eq(res.fail_requested, 2000 / 14 * 2 * 7 * MIB);
+	expect_u64_eq(res.fail_reserved, 2000 / 14 * 14 * MIB);
+	expect_true(res.fail_requested > 2000 / 8 * 7 * MIB);
+	replay_result_free(&res);
+	replayer_destroy(rp);
 	replay_trace_free(&t);
 }
 TEST_END
@@ -325,5 +362,6 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_map, test_libemm_dialect, test_rmm_dialect, test_memory_column, test_malformed,
-			    test_replay_small_device, test_replay_unexpected_success, test_pages_rules, NULL);
+			    test_replay_small_device, test_replay_fill_7mib, test_replay_unexpected_success,
+			    test_pages_rules, NULL);
 }
