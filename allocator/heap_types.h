@@ -156,6 +156,9 @@ struct heap_counters {
 /* One arena: everything below is under its lock. */
 struct arena {
 	pthread_mutex_t lock;
+	/* Allocations served under the lock (arena_alloc): written under it,
+	 * read without it by other arenas' looks (idle_arenas, heap_alloc.c). */
+	_Atomic unsigned long allocs;
 	pthread_cond_t inflight_cv; /* an inflight[] count dropped to 0 */
 	struct emm_heap *owner;
 	struct emm_heap_params p;
@@ -215,11 +218,14 @@ struct arena {
 	/* Borrowing (idle_arenas, heap_alloc.c): this arena's looks at the
 	 * others (misses that would reach the source), written under the
 	 * lock and read without it by the others' looks; and, under the lock,
-	 * per other arena: its looks count when we last looked, how many of
-	 * our looks in a row saw it unmoved, and whether it moved once since
-	 * it was idle (its turn). */
+	 * per other arena: its looks and allocs when we last looked, how many
+	 * of our looks in a row saw no look of its own, whether it looked once
+	 * since it was idle (its turn), and whether it allocated between each
+	 * two of our last 16 looks (a bit each, newest lowest). */
 	_Atomic unsigned long looks;
 	unsigned long seen_looks[MAX_ARENAS];
+	unsigned long seen_allocs[MAX_ARENAS];
+	uint16_t allocating[MAX_ARENAS];
 	uint8_t quiet[MAX_ARENAS];
 	bool turn[MAX_ARENAS];
 };

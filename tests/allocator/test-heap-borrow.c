@@ -193,6 +193,7 @@ struct busy_job {
 };
 
 static struct busy_job busy[NTHREADS];
+static bool served; /* the others' arenas serve them: they never look */
 
 static void *busy_thread(void *arg)
 {
@@ -213,6 +214,14 @@ static void *busy_thread(void *arg)
 			if (round >= 2)
 				j->others_ops += fence_ops() - before;
 			j->live[j->nlive++] = a;
+		} else if (served) {
+			/* 4 KiB from their own small segment (a miss only the
+			 * first time); each free closes an epoch whose fence
+			 * waits in the FIFO. */
+			j->rc = emm_heap_alloc(j->h, 4 * KIB, 0, &a);
+			if (!j->rc && j->nlive)
+				j->rc = emm_heap_free(j->live[--j->nlive], 0, NULL);
+			j->live[j->nlive++] = a;
 		} else {
 			/* A new 40 MiB block (a miss: the older ones wait for
 			 * their fences), then the previous one freed: it waits in
@@ -225,7 +234,7 @@ static void *busy_thread(void *arg)
 		}
 		turn_pass(next);
 	}
-	if (j->id != 0 || j->rc)
+	if (j->id != 0 || j->rc || served)
 		return NULL;
 
 	/* The others stop; their fences complete. Within QUIET_LOOKS + 1 of
@@ -245,36 +254,33 @@ static void *busy_thread(void *arg)
 	return NULL;
 }
 
-TEST_BEGIN(test_busy_arenas_left_alone)
+static emm_heap_t *run_busy(struct emm_heap_params *p)
 {
-	struct emm_heap_params p;
 	emm_heap_t *h = NULL;
 
-	emm_heap_params_default(&p);
-	p.arenas = NTHREADS;
-	p.epoch_max_bytes = 32 * MIB; /* a miss of 30 MiB closes a 40 MiB epoch */
-	assert_int_eq(fake_heap_create(&p, &src, SIZE_MAX, &fence, &h), 0);
+	p->arenas = NTHREADS;
+	if (fake_heap_create(p, &src, SIZE_MAX, &fence, &h))
+		return NULL;
 	emm_heap_stream_created(h, NB1, true); /* no fast path: fences queue */
 	turn = 0;
 	pthread_t t[NTHREADS];
 	for (unsigned i = 0; i < NTHREADS; i++) {
 		busy[i] = (struct busy_job){.h = h, .id = i};
-		assert_int_eq(pthread_create(&t[i], NULL, busy_thread, &busy[i]), 0);
+		if (pthread_create(&t[i], NULL, busy_thread, &busy[i]))
+			abort();
 	}
 	for (unsigned i = 0; i < NTHREADS; i++)
 		pthread_join(t[i], NULL);
 	for (unsigned i = 0; i < NTHREADS; i++) {
-		assert_int_eq(busy[i].rc, 0);
+		expect_int_eq(busy[i].rc, 0);
 		for (unsigned k = 0; k < i; k++)
-			assert_true(busy[i].arena != busy[k].arena);
+			expect_true(busy[i].arena != busy[k].arena);
 	}
-	/* While every thread misses, thread 0's misses leave the other arenas
-	 * alone: before, each polled their fences and closed their epochs. */
-	expect_int_eq(busy[0].others_ops, 0);
+	return h;
+}
 
-	/* Then, the others stopped, it took their memory again. */
-	expect_true(busy[0].borrowed_at >= 1 && busy[0].borrowed_at <= QUIET_LOOKS + 1);
-
+static void busy_teardown(emm_heap_t *h)
+{
 	for (unsigned i = 0; i < NTHREADS; i++)
 		for (unsigned k = 0; k < busy[i].nlive; k++)
 			xfree(busy[i].live[k], 0);
@@ -284,9 +290,45 @@ TEST_BEGIN(test_busy_arenas_left_alone)
 	expect_int_eq(emm_heap_flush(h), 0);
 	fake_heap_destroy_checked(h, &src, &fence);
 }
+
+TEST_BEGIN(test_busy_arenas_left_alone)
+{
+	struct emm_heap_params p;
+
+	emm_heap_params_default(&p);
+	p.epoch_max_bytes = 32 * MIB; /* a miss of 30 MiB closes a 40 MiB epoch */
+	served = false;
+	emm_heap_t *h = run_busy(&p);
+	assert_ptr_not_null(h);
+	/* While every thread misses, thread 0's misses leave the other arenas
+	 * alone: before, each polled their fences and closed their epochs. */
+	expect_int_eq(busy[0].others_ops, 0);
+	/* Then, the others stopped, it took their memory again. */
+	expect_true(busy[0].borrowed_at >= 1 && busy[0].borrowed_at <= QUIET_LOOKS + 1);
+	busy_teardown(h);
+}
+TEST_END
+
+/* Threads that allocate all the time from their own arenas never look
+ * elsewhere; they are busy all the same: thread 0's misses leave them
+ * alone (with looks alone to go by, from its 16th look on it polled their
+ * fences). */
+TEST_BEGIN(test_served_arenas_left_alone)
+{
+	struct emm_heap_params p;
+
+	emm_heap_params_default(&p);
+	p.epoch_max_blocks = 1;
+	served = true;
+	emm_heap_t *h = run_busy(&p);
+	assert_ptr_not_null(h);
+	expect_int_eq(busy[0].others_ops, 0);
+	busy_teardown(h);
+}
 TEST_END
 
 int main(void)
 {
-	return emm_test_run(test_turns_share_one_pool, test_busy_arenas_left_alone, NULL);
+	return emm_test_run(test_turns_share_one_pool, test_busy_arenas_left_alone,
+	                    test_served_arenas_left_alone, NULL);
 }

@@ -136,8 +136,9 @@ else bad "--min-capacity on cupy-pool-off.csv"; fi
 # 8308916224 B with an arena's peak each), and the same as a model of
 # PyTorch's caching allocator (tests/data/torch-caching-model.py) gives.
 # Within one small segment (2 MiB): a miss visits only idle arenas
-# (heap_alloc.c, idle_arenas), and one look of the main thread finds the
-# autograd thread's arena moved in each of its last two intervals (7073693696 B).
+# (heap_alloc.c, idle_arenas), and one of the main thread's rare looks
+# finds the autograd thread's arena busy, looking again since its turn
+# (7073693696 B).
 if run 0 "$D/pytorch-train.csv" && has '2 threads' && two=$(peak_of) &&
 	EMM_ARENAS=1 run 0 "$D/pytorch-train.csv" && one=$(peak_of) &&
 	torch=$(python3 "$D/torch-caching-model.py" "$D/pytorch-train.csv" --peak) &&
