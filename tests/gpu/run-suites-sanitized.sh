@@ -11,7 +11,7 @@
 #
 # BUILDDIR defaults to build-gpu; SUITES (default "gpu race") picks the
 # suites, e.g. SUITES=race to fit one pass in a time limit; MEMCHECK_LIMIT
-# (seconds) cuts the memcheck pass short; TESTS (test names, space-separated)
+# (seconds) or MEMCHECK_UNTIL (epoch seconds) cuts the memcheck pass short; TESTS (test names, space-separated)
 # runs those tests instead of whole suites. Exit 77 without compute-sanitizer, 0
 # otherwise (the report is the result).
 set -u
@@ -35,9 +35,16 @@ if [ ! -f "$build/meson-logs/plain.json" ]; then
 	tail -20 "$build/meson-logs/plain-out.txt" >&2
 	exit 1
 fi
-# MEMCHECK_LIMIT (seconds, default none) stops the memcheck pass; meson's
-# log holds the tests that finished, and the report names the others.
-timeout "${MEMCHECK_LIMIT:-0}" meson test -C "$build" "${suites[@]}" --logbase memcheck --timeout-multiplier 10 \
+# MEMCHECK_LIMIT (seconds, default none) stops the memcheck pass, or
+# MEMCHECK_UNTIL (a time in seconds since the epoch) does, whatever the
+# plain pass took; meson's log holds the tests that finished, and the
+# report names the others.
+limit=${MEMCHECK_LIMIT:-0}
+if [ -n "${MEMCHECK_UNTIL:-}" ]; then
+	limit=$((MEMCHECK_UNTIL - $(date +%s)))
+	[ "$limit" -gt 10 ] || limit=10
+fi
+timeout "$limit" meson test -C "$build" "${suites[@]}" --logbase memcheck --timeout-multiplier 10 \
 	--wrapper "$cs --tool memcheck" >/dev/null 2>&1
 t2=$(date +%s)
 echo "plain: $((t1 - t0)) s; under memcheck: $((t2 - t1)) s"
