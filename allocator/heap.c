@@ -94,9 +94,6 @@ static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t si
 	int r;
 
 	arena_lock(h);
-	/* Its threads are busy: other arenas' looks pass it over. */
-	atomic_store_explicit(&h->allocs, atomic_load_explicit(&h->allocs, memory_order_relaxed) + 1,
-	                      memory_order_relaxed);
 	if (h->owner->tcache)
 		emm_tcache_apply_locked(h);
 	b = find_block(h, pool, rounded, stream);

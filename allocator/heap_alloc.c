@@ -54,102 +54,18 @@ static inline bool epoch_pressure(const struct arena *h, unsigned pool, size_t r
 }
 
 /*
- * Which other arenas a look may visit (take_other_arena): those whose
- * threads are idle, as a mask of offsets k from ours (arena self + k).
- *
- * A visit costs the other arena's lock (its owner then waits for us), its
- * fence polls and epoch close (cuEventQuery 1.3 us, cuEventRecord 0.2 us
- * on the H200), and a block taken there leaves that arena short: its own
- * thread misses, looks and borrows in turn, and the block comes back
- * through that arena's lock at its free. With 16 threads each keeping a
- * working set (bench-threads) every arena is a look's victim by turns:
- * on the test doubles 5-8 % of the pairs took another arena's block and
- * 0.12-0.18 other arenas were locked per pair, and on the H200 16 threads
- * ran at half the pairs/s of the build before borrowing (issue 11).
- * Threads allocating at the same time must keep to their own arenas;
- * PyTorch's two threads must not (its forward thread waits while the
- * backward one allocates, and the other way round: one pool between
- * them, as PyTorch's allocator has).
- *
- * What tells them apart, with no clock: how the other arenas' threads
- * behave between our looks (misses that would reach the source). At each
- * look we read two counters of every other arena, one relaxed load each:
- * `looks` (its own looks, written at them) and `allocs` (the allocations
- * its threads made under its lock, arena_alloc in heap.c: one relaxed
- * store to the lock's line; frees do not count, as a free goes to the
- * block's arena whoever frees it). An arena is busy
- *   - when it looked during the last `quiet` of our looks (the arena
- *     count, at least BORROW_QUIET_MIN; fewer let busy arenas of 16 to 64
- *     threads through on the doubles: they miss, look and are taken from
- *     by turns), with one exception for PyTorch's turns: the forward may
- *     need new memory once (its arena looks) before the backward looks
- *     again, its thread idle all the same; so an idle arena that looks
- *     once keeps its standing (turn[]) while it looks no more, and looking
- *     again before it was quiet for `quiet` of our looks makes it busy;
- *   - or when it allocated between each two of our last 16 looks: a
- *     thread its arena serves looks rarely but allocates all the time
- *     (with the first rule alone 16 threads still took such arenas'
- *     blocks on 1.1 % of the pairs on the doubles, 0.01 % with both),
- *     while PyTorch's forward allocates only in the interval of the
- *     backward's looks that spans the forward pass.
- * Our first look compares with nothing and visits every arena that holds
- * memory; the next ones ask as many quiet looks, or allocating intervals,
- * as we made. An arena that never looked holds no memory (every segment
- * is a look's failure) and is skipped. Lock held (quiet[], turn[],
- * seen_*[] and allocating[] are ours).
- */
-#define BORROW_QUIET_MIN 16u
-
-static uint64_t idle_arenas(struct arena *h, unsigned self)
-{
-	struct emm_heap *heap = h->owner;
-	unsigned long mine = atomic_load_explicit(&h->looks, memory_order_relaxed);
-	unsigned quiet = heap->narenas > BORROW_QUIET_MIN ? heap->narenas : BORROW_QUIET_MIN;
-	/* Idle: no look through our last `quiet` looks, or all since our
-	 * first; a turn: it was so before it looked. Busy: it allocated
-	 * between each two of our last 16 looks, or all since our first. */
-	unsigned need = mine < quiet ? (unsigned)mine : quiet;
-	unsigned need_turn = mine > quiet ? quiet : mine > 1 ? (unsigned)mine - 1 : 1;
-	uint16_t all = (uint16_t)(mine >= 16 ? 0xffffu : (1u << mine) - 1);
-	uint64_t idle = 0;
-
-	atomic_store_explicit(&h->looks, mine + 1, memory_order_relaxed);
-	for (unsigned k = 1; k < heap->narenas; k++) {
-		unsigned i = (self + k) & (heap->narenas - 1);
-		struct arena *a = heap->arenas[i];
-		unsigned long n = atomic_load_explicit(&a->looks, memory_order_relaxed);
-		unsigned long m = atomic_load_explicit(&a->allocs, memory_order_relaxed);
-
-		if (mine == 0 || n != h->seen_looks[i]) {
-			h->turn[i] = mine && !h->turn[i] && h->quiet[i] >= need_turn;
-			h->quiet[i] = 0;
-		} else if (h->quiet[i] < quiet && ++h->quiet[i] == quiet) {
-			h->turn[i] = false;
-		}
-		h->allocating[i] = (uint16_t)(h->allocating[i] << 1 | (mine && m != h->seen_allocs[i]));
-		h->seen_looks[i] = n;
-		h->seen_allocs[i] = m;
-		if (n && (mine == 0 || h->quiet[i] >= need || h->turn[i]) &&
-		    (!all || (h->allocating[i] & all) != all))
-			idle |= (uint64_t)1 << k;
-	}
-	return idle;
-}
-
-/*
- * Before reserving more: a ready block of an idle arena (idle_arenas) that
- * serves the request. PyTorch's caching allocator keeps one pool per
- * device, and a program whose threads allocate by turns (PyTorch's
- * autograd thread runs the backward pass, its main thread the forward)
- * would otherwise reserve each thread's peak on its own: 7924 MiB against
- * 6744 MiB for one pool on tests/data/pytorch-train.csv. The block stays
- * its arena's (its free goes back there); only a miss that would reach the
- * source pays for the look. The idle arena's completed fences are polled
- * and its open epoch closed under pressure, as its own misses would (its
- * thread may not allocate for a while). An arena another thread holds is
- * passed over (trylock): a miss never waits for a lock it did not need
- * before. One arena locked at a time: ours is dropped meanwhile. Lock held
- * on entry and on return; the block, taken, in *ret.
+ * Before reserving more: a ready block of another arena that serves the
+ * request. PyTorch's caching allocator keeps one pool per device, and a
+ * program whose threads allocate by turns (PyTorch's autograd thread runs
+ * the backward pass, its main thread the forward) would otherwise reserve
+ * each thread's peak on its own: 7924 MiB against 6744 MiB for one pool on
+ * tests/data/pytorch-train.csv. The block stays its arena's (its free goes
+ * back there); only a miss that would reach the source pays for the look.
+ * An arena another thread holds is passed over (trylock): threads that
+ * allocate at the same time keep to their own arenas (project issue 11's
+ * scaling), and a miss never waits for a lock it did not need before.
+ * One arena locked at a time: ours is dropped meanwhile. Lock held on entry
+ * and on return; the block, taken, in *ret.
  */
 static bool take_other_arena(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
                              struct emm_block **ret)
@@ -157,20 +73,20 @@ static bool take_other_arena(struct arena *h, unsigned pool, size_t rounded, siz
 	struct emm_heap *heap = h->owner;
 	struct emm_block *b = NULL;
 	unsigned self = 0;
-	uint64_t idle;
 
 	if (heap->narenas == 1)
 		return false;
 	while (heap->arenas[self] != h)
 		self++;
-	idle = idle_arenas(h, self);
-	if (!idle)
-		return false;
 	arena_unlock_release(h);
 	for (unsigned k = 1; k < heap->narenas && !b; k++) {
 		struct arena *a = heap->arenas[(self + k) & (heap->narenas - 1)];
-		if (!(idle >> k & 1) || !arena_trylock(a))
+		if (!arena_trylock(a))
 			continue;
+		/* Its completed fences and its open epoch under pressure too,
+		 * as for our own: an arena does both only on its own misses,
+		 * and the thread that freed may not allocate for a while (the
+		 * forward pass's frees, wanted by the backward's allocations). */
 		if (a->fq_head)
 			emm_heap_poll_fences(a);
 		b = find_block(a, pool, rounded, stream);

@@ -146,14 +146,9 @@ struct heap_counters {
 
 #define LONE_MAX 8u /* garbage events not held by a fence struct */
 
-#define MAX_ARENAS 64u /* arenas per heap (struct emm_heap) */
-
 /* One arena: everything below is under its lock. */
 struct arena {
 	pthread_mutex_t lock;
-	/* Allocations served under the lock (arena_alloc): written under it,
-	 * read without it by other arenas' looks (idle_arenas, heap_alloc.c). */
-	_Atomic unsigned long allocs;
 	pthread_cond_t inflight_cv; /* an inflight[] count dropped to 0 */
 	struct emm_heap *owner;
 	struct emm_heap_params p;
@@ -198,20 +193,6 @@ struct arena {
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
 	size_t epoch_free_bytes; /* a synchronous free closes the open epoch at these bytes */
-
-	/* Borrowing (idle_arenas, heap_alloc.c): this arena's looks at the
-	 * others (misses that would reach the source), written under the
-	 * lock and read without it by the others' looks; and, under the lock,
-	 * per other arena: its looks and allocs when we last looked, how many
-	 * of our looks in a row saw no look of its own, whether it looked once
-	 * since it was idle (its turn), and whether it allocated between each
-	 * two of our last 16 looks (a bit each, newest lowest). */
-	_Atomic unsigned long looks;
-	unsigned long seen_looks[MAX_ARENAS];
-	unsigned long seen_allocs[MAX_ARENAS];
-	uint16_t allocating[MAX_ARENAS];
-	uint8_t quiet[MAX_ARENAS];
-	bool turn[MAX_ARENAS];
 };
 
 /* Freed bytes close an epoch when a miss needs memory and they reach
@@ -233,6 +214,8 @@ struct arena {
  * large_shared (page-granular heaps holding their peak, EMM_HOLD_PEAK),
  * the large pool is arena 0's alone.
  */
+#define MAX_ARENAS 64u
+
 struct emm_heap {
 	unsigned narenas; /* a power of two */
 	int device;
