@@ -12,7 +12,8 @@
 # BUILDDIR defaults to build-gpu; SUITES (default "gpu race") picks the
 # suites, e.g. SUITES=race to fit one pass in a time limit; MEMCHECK_LIMIT
 # (seconds) or MEMCHECK_UNTIL (epoch seconds) cuts the memcheck pass short; TESTS (test names, space-separated)
-# runs those tests instead of whole suites. Exit 77 without compute-sanitizer, 0
+# runs those tests instead of whole suites; PLAIN=reuse skips the plain pass
+# when an earlier call's log is there. Exit 77 without compute-sanitizer, 0
 # otherwise (the report is the result).
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,8 +28,16 @@ else
 	for s in ${SUITES:-gpu race}; do suites+=(--suite "$s"); done
 fi
 t0=$(date +%s)
-mkdir -p "$build/meson-logs"; rm -f "$build/meson-logs/plain.json"
-meson test -C "$build" "${suites[@]}" --logbase plain >"$build/meson-logs/plain-out.txt" 2>&1
+mkdir -p "$build/meson-logs"
+# PLAIN=reuse keeps the plain pass of an earlier call (its meson log) and
+# runs only the memcheck pass: the race suite's plain pass alone takes
+# minutes (its tests run one at a time).
+if [ "${PLAIN:-}" = reuse ] && [ -f "$build/meson-logs/plain.json" ]; then
+	echo "plain pass reused from $build/meson-logs/plain.json"
+else
+	rm -f "$build/meson-logs/plain.json"
+	meson test -C "$build" "${suites[@]}" --logbase plain >"$build/meson-logs/plain-out.txt" 2>&1
+fi
 t1=$(date +%s)
 if [ ! -f "$build/meson-logs/plain.json" ]; then
 	echo "run-suites-sanitized: the plain pass wrote no log; meson said:" >&2
