@@ -436,7 +436,7 @@ int emm_heap_close_epoch(struct arena *h);
  * Lock held; dropped around the records. */
 int emm_heap_close_blocks(struct arena *h, struct emm_block *list, struct emm_block **ret_ready);
 
-/* --- heap_tcache.c: the per-thread front cache --------------------------- */
+/* --- heap_tcache.c, heap_tcache_registry.c: the per-thread front cache --- */
 
 /* The arena the calling thread allocates from in `heap` (heap.c). */
 struct arena *emm_heap_thread_arena(const struct emm_heap *heap);
