@@ -14,9 +14,12 @@
  *     events (fence_cuda.c);
  *   - counters and statistics (stats.c, stats_print.c);
  *   - the VMM calls' cache of whole freed buffers (vmm.c, vmm_table.c,
- *     vmm_idle.c);
+ *     vmm_idle.c; declared in vmm.h, which this header includes);
  *   - legacy IPC of any block and the per-user registry behind it (ipc.c,
- *     ipc_export.c, ipc_import.c, ipc_registry.c).
+ *     ipc_export.c, ipc_import.c, ipc_registry.c; declared in ipc.h, which
+ *     this header includes);
+ *   - the public API's allocation door (api.c; declared in api.h, which
+ *     this header includes).
  * Files inside process/ share process_internal.h as well; nothing outside
  * includes that.
  *
@@ -50,7 +53,10 @@
 #include "allocator/heap.h"
 #include "config/options.h"
 #include "emm/emm.h"
+#include "process/api.h"
+#include "process/ipc.h"
 #include "process/real.h"
+#include "process/vmm.h"
 
 /* === process state (state.c, contexts.c) ================================= */
 
@@ -434,135 +440,6 @@ int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
  * 0, or -ENOENT (not a device block of libemm's). */
 int emm_serve_block_context(emm_addr_t addr, CUcontext *ret_ctx);
 
-/* === the VMM calls and their cache (vmm.c, vmm_idle.c) ===================== */
-
-/*
- * Each VMM shim asks the process layer first and then, unless it was
- * served, calls the driver and reports what the driver did:
- *   emm_vmm_X(args)          1: served by the cache (the shim returns
- *                            CUDA_SUCCESS and, for reserve and create, the
- *                            value written to *ret); 0: call the driver (any
- *                            deferred operation on what the call touches is
- *                            made real first, so the driver sees what it
- *                            would have seen without libemm).
- *   emm_vmm_X_done(..., ok)  after the driver's call (ok: it succeeded).
- * In EMM_VMM=count mode the first always answers 0 and the second counts
- * and traces; in EMM_VMM=off neither does anything. vmm.c documents the
- * state machine.
- */
-enum emm_vmm_mode_value { EMM_VMM_MODE_OFF, EMM_VMM_MODE_COUNT, EMM_VMM_MODE_CACHE };
-/* The mode (OFF when libemm is disabled). */
-enum emm_vmm_mode_value emm_vmm_mode(void);
-
-int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long long flags, CUdeviceptr *ret_va);
-void emm_vmm_reserve_done(CUdeviceptr va, size_t size, CUdeviceptr addr, unsigned long long flags, bool ok);
-int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long long flags,
-                   CUmemGenericAllocationHandle *ret_handle);
-void emm_vmm_create_done(CUmemGenericAllocationHandle handle, size_t size, const CUmemAllocationProp *prop,
-                         unsigned long long flags, bool ok);
-int emm_vmm_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                unsigned long long flags);
-void emm_vmm_map_done(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
-                      unsigned long long flags, bool ok);
-int emm_vmm_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count);
-void emm_vmm_set_access_done(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc, size_t count, bool ok);
-int emm_vmm_unmap(CUdeviceptr va, size_t size);
-void emm_vmm_unmap_done(CUdeviceptr va, size_t size, bool ok);
-int emm_vmm_release(CUmemGenericAllocationHandle handle);
-void emm_vmm_release_done(CUmemGenericAllocationHandle handle, bool ok);
-int emm_vmm_address_free(CUdeviceptr va, size_t size);
-void emm_vmm_address_free_done(CUdeviceptr va, size_t size, bool ok);
-/* A call that names a range (va, size; size 0: the one address va) and/or
- * a handle (has_handle) and is always the driver's: make real whatever
- * deferred state it could observe. `pin`: the call makes the handle
- * shareable or adds a reference the cache cannot follow (export, retain),
- * so the allocation behind it is never cached. */
-void emm_vmm_touch(CUdeviceptr va, size_t size, bool has_handle, CUmemGenericAllocationHandle handle, bool pin);
-/* A handle the driver returned from an import: never cached. */
-void emm_vmm_imported(CUmemGenericAllocationHandle handle);
-/* cuMemCreate ran out of memory: give back idle VMM memory of every
- * device; true when something was released (retry once). */
-bool emm_vmm_oom_release(void);
-/* cuMemGetInfo: make every pending deferral real now. */
-void emm_vmm_flush_pending(void);
-
-/* Explicit pools, passed through and counted (cuMemAllocFromPoolAsync,
- * cuMemPoolCreate/Destroy, cudaMallocFromPoolAsync). */
-enum emm_pool_event { EMM_POOL_ALLOC, EMM_POOL_CREATE, EMM_POOL_DESTROY };
-void emm_vmm_count_pool(enum emm_pool_event what, CUdeviceptr ptr, size_t size, const void *stream);
-/* Set around cudaMallocFromPoolAsync's delegation, so that the driver
- * shim under it does not count the allocation a second time. */
-void emm_vmm_runtime_pool_enter(void);
-void emm_vmm_runtime_pool_leave(void);
-
-/* === legacy IPC of any block (ipc*.c) ===================================== */
-
-/*
- * cuIpcGetMemHandle(dptr), in two steps around the driver's call, which the
- * shim makes:
- *   emm_ipc_export_begin  -ENOENT: not libemm's device memory (or libemm
- *                         off): the driver answers for dptr unchanged.
- *                         -ENOTSUP: the backend's memory cannot be
- *                         exported (warned once): CUDA_ERROR_NOT_SUPPORTED.
- *                         -EINVAL: in a segment of libemm's, in no live
- *                         block (freed): CUDA_ERROR_INVALID_VALUE, the
- *                         driver's answer for freed memory.
- *                         1: the block is its whole segment: the driver's
- *                         handle of dptr is the answer.
- *                         0: a block inside a segment: ask the driver for
- *                         the handle of ex->segment_base, then
- *   emm_ipc_export_done   0 and the libemm handle of the block in
- *                         *ret_handle; -ENOTSUP: it cannot be registered
- *                         (registry unusable or full; warned once).
- * A segment with blocks exported stays allocated while another process has
- * it open (ipc_export.c says how long exactly).
- */
-struct ctx_entry;
-struct emm_ipc_export {
-	emm_addr_t segment_base;
-	size_t segment_size, offset, size;
-	struct ctx_entry *entry; /* the context of the block's heap */
-};
-int emm_ipc_export_begin(emm_addr_t dptr, struct emm_ipc_export *ex);
-int emm_ipc_export_done(const struct emm_ipc_export *ex, const CUipcMemHandle *segment, CUipcMemHandle *ret_handle);
-
-/*
- * cuIpcOpenMemHandle(handle), likewise:
- *   emm_ipc_import_begin  -ENOENT: not a libemm handle (or libemm off): the
- *                         driver's call with the same arguments. -EINVAL:
- *                         a libemm handle no exporter registered
- *                         (CUDA_ERROR_INVALID_VALUE, the driver's answer for
- *                         a handle it never made); -ENOMEM.
- *                         1: served: *ret_ptr (the segment is open here).
- *                         0: open im->segment with the driver, then
- *   emm_ipc_import_done   with the driver's mapping `base`: 0 and *ret_ptr
- *                         (base + the block's offset); -EINVAL: the mapping
- *                         does not hold the block, -ENOMEM: the caller
- *                         closes `base` once and fails the call; or, when
- *                         the driver's open failed, emm_ipc_import_failed.
- */
-struct emm_ipc_import {
-	CUipcMemHandle segment;
-	size_t offset, size, segment_size;
-	CUcontext ctx;
-};
-int emm_ipc_import_begin(const CUipcMemHandle *handle, struct emm_ipc_import *im, emm_addr_t *ret_ptr);
-int emm_ipc_import_done(const struct emm_ipc_import *im, emm_addr_t base, emm_addr_t *ret_ptr);
-/* The driver refused to open im->segment (its code is the answer). */
-void emm_ipc_import_failed(const struct emm_ipc_import *im);
-/* cuIpcCloseMemHandle(ptr): -ENOENT: no open of a libemm handle gave ptr
- * (the driver answers). -EINVAL: ptr lies in a segment opened through
- * libemm handles but no open gave it (CUDA_ERROR_INVALID_VALUE; a program
- * that also opened that segment's driver handle itself cannot close it
- * while blocks of it are open through libemm). 0: one reference dropped; the caller closes the
- * segment's mapping *ret_base with the driver *ret_closes times (0 while
- * other blocks or opens of the segment remain). */
-int emm_ipc_close(emm_addr_t ptr, emm_addr_t *ret_base, unsigned *ret_closes);
-/* The block opened through a libemm handle that contains addr: 0, its
- * pointer and size; -ENXIO: inside a segment opened here, in no block
- * opened here; -ENOENT. */
-int emm_ipc_find_import(emm_addr_t addr, emm_addr_t *ret_base, size_t *ret_size);
-
 /* emm_stats_get's answer: flush the trace, then the counters of `device`
  * into *out, as much of them as out->struct_size (>= 8) holds
  * (stats_print.c). */
@@ -582,24 +459,5 @@ void emm_pool_books_trim(CUmemoryPool pool, size_t keep);
  * the bytes released; a negative errno when nothing was released and a
  * heap failed (stats_print.c). */
 int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_released);
-
-/* === the public API's allocation door (api.c) ============================= */
-
-/*
- * emm_device_alloc and friends (include/emm/emm.h), in `device`'s context
- * (the current one if on that device, else its primary context pushed
- * around the call). `has_stream` false: no stream (cuMemAlloc/cuMemFree
- * semantics). `hooked`: libemm's shims see the process's CUDA calls
- * (preloaded), so captures are tracked; otherwise the driver is asked.
- * What the heaps do not serve goes to the driver. 0 or a negative errno.
- */
-int emm_api_device_alloc(size_t size, int device, CUstream stream, bool has_stream, bool hooked, void **ret_ptr);
-int emm_api_device_free(void *ptr, int device, CUstream stream, bool has_stream, bool hooked);
-int emm_api_host_alloc(size_t size, unsigned int flags, void **ret_ptr);
-int emm_api_host_free(void *ptr);
-int emm_api_mem_info(int device, size_t *ret_free, size_t *ret_total);
-/* emm_release_idle, in a context of `device` (its primary one when the
- * thread has none current). */
-int emm_api_release_idle(int device, size_t keep_bytes, long long *ret_released);
 
 #endif
