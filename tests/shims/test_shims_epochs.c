@@ -7,7 +7,7 @@
  * non-blocking stream is asked first (cuStreamQuery); the fake answers from
  * its event model (a stream is idle once every event recorded on it has
  * completed), so a stream is made busy here by recording an event of the
- * test's own on it with a long completion delay.
+ * test's own on it with a long completion delay (shims_busy.h).
  *
  *   - idle streams: one cuStreamQuery each and no event per close, the
  *     legacy event alone, and the blocks still wait for it;
@@ -18,6 +18,7 @@
  */
 #include "emm_test.h"
 #include "shims_common.h"
+#include "shims_busy.h"
 
 #define BIG    ((size_t)32 << 20) /* a segment each: reuse shows as the address */
 #define NSTREAMS 16
@@ -84,47 +85,25 @@ TEST_END
 
 TEST_BEGIN(test_busy_stream_gets_event)
 {
-	CUstream busy, idle;
-	CUevent work;
-	CUdeviceptr a, b, c, d;
+	struct busy_scenario bs;
+	CUstream idle;
 	struct emm_stats st, dst;
 	struct fakecuda_stats f0, f1;
 
-	assert_int_eq(cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_(busy_begin(&bs, BIG));
 	assert_int_eq(cuStreamCreate(&idle, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-	assert_int_eq(cuEventCreate(&work, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
-	fakecuda_set_event_delay(1000000);
-	/* "Work" on busy: an event that completes only when synchronized. */
-	assert_int_eq(cuEventRecord(work, busy), CUDA_SUCCESS);
-	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
 	assert_int_eq(shims_stats(-1, &st), 0);
 	f0 = fake_stats();
-	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(bs.a), CUDA_SUCCESS);
 	f1 = fake_stats();
 	shims_stats_since(&st, &dst);
 	expect_u64_eq(dst.epochs_closed, 1);
 	expect_u64_eq(dst.events_recorded, 2); /* legacy + busy */
 	expect_u64_eq(f1.event_records - f0.event_records, 2);
 	expect_u64_eq(f1.stream_queries - f0.stream_queries, 2);
-	/* Neither event complete: a stays out of reach. */
-	assert_int_eq(cuMemAlloc(&b, BIG), CUDA_SUCCESS);
-	expect_true(b != a);
-	/* The legacy event completes; busy's does not: still out of reach. */
-	assert_int_eq(cuStreamSynchronize(NULL), CUDA_SUCCESS);
-	assert_int_eq(cuMemAlloc(&c, BIG), CUDA_SUCCESS);
-	expect_true(c != a);
-	/* busy's work done: a comes back. */
-	assert_int_eq(cuStreamSynchronize(busy), CUDA_SUCCESS);
-	assert_int_eq(cuMemAlloc(&d, BIG), CUDA_SUCCESS);
-	expect_u64_eq(d, a);
-	assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
-	assert_int_eq(cuMemFree(c), CUDA_SUCCESS);
-	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
-	fakecuda_set_event_delay(0);
-	fakecuda_complete_all();
-	assert_int_eq(cuEventDestroy(work), CUDA_SUCCESS);
+	assert_(busy_miss(&bs));
+	assert_(busy_end(&bs));
 	assert_int_eq(cuStreamDestroy(idle), CUDA_SUCCESS);
-	assert_int_eq(cuStreamDestroy(busy), CUDA_SUCCESS);
 }
 TEST_END
 

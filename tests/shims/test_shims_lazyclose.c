@@ -11,10 +11,12 @@
  *     the driver calls per pair are printed;
  *   - a block freed while a non-blocking stream is busy: the allocation
  *     that misses records the events (legacy and the busy stream) and the
- *     block stays out of reach until the stream's work completes.
+ *     block stays out of reach until the stream's work completes (the
+ *     scenario of shims_busy.h).
  */
 #include "emm_test.h"
 #include "shims_common.h"
+#include "shims_busy.h"
 
 #define BIG ((size_t)64 << 20)
 
@@ -76,44 +78,23 @@ TEST_END
 
 TEST_BEGIN(test_busy_stream_block_waits)
 {
-	CUstream busy;
-	CUevent work;
-	CUdeviceptr keep, a, b, c, d;
+	struct busy_scenario bs;
+	CUdeviceptr keep;
 	struct fakecuda_stats f0, f1;
 
 	/* The earlier tests' block, live meanwhile: only a can come back. */
 	assert_int_eq(cuMemAlloc(&keep, BIG), CUDA_SUCCESS);
-	assert_int_eq(cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-	assert_int_eq(cuEventCreate(&work, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
-	fakecuda_set_event_delay(1000000);
-	/* "Work" on busy: an event that completes only when synchronized. */
-	assert_int_eq(cuEventRecord(work, busy), CUDA_SUCCESS);
-	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
+	assert_(busy_begin(&bs, BIG));
 	f0 = fake_stats();
-	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(bs.a), CUDA_SUCCESS);
 	f1 = fake_stats();
 	expect_u64_eq(f1.event_records - f0.event_records, 0); /* the free closes nothing */
 	/* The miss closes the epoch: legacy + busy; neither complete. */
-	assert_int_eq(cuMemAlloc(&b, BIG), CUDA_SUCCESS);
+	assert_(busy_miss(&bs));
 	f1 = fake_stats();
 	expect_u64_eq(f1.event_records - f0.event_records, 2);
-	expect_true(b != a);
-	/* The legacy event completes; busy's does not: still out of reach. */
-	assert_int_eq(cuStreamSynchronize(NULL), CUDA_SUCCESS);
-	assert_int_eq(cuMemAlloc(&c, BIG), CUDA_SUCCESS);
-	expect_true(c != a);
-	/* busy's work done: a comes back. */
-	assert_int_eq(cuStreamSynchronize(busy), CUDA_SUCCESS);
-	assert_int_eq(cuMemAlloc(&d, BIG), CUDA_SUCCESS);
-	expect_u64_eq(d, a);
-	assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
-	assert_int_eq(cuMemFree(c), CUDA_SUCCESS);
-	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	assert_(busy_end(&bs));
 	assert_int_eq(cuMemFree(keep), CUDA_SUCCESS);
-	fakecuda_set_event_delay(0);
-	fakecuda_complete_all();
-	assert_int_eq(cuEventDestroy(work), CUDA_SUCCESS);
-	assert_int_eq(cuStreamDestroy(busy), CUDA_SUCCESS);
 }
 TEST_END
 
