@@ -116,36 +116,29 @@ int main(void)
 	probe("cudaMalloc", p, 4 * MiB);
 	CK(cuMemFree(p));
 
-	if (vmm_range(dev, 8 * MiB, 1, 8 * MiB, true, &p, hs))
-		return 1;
-	probe("vmm-whole", p, 8 * MiB);
-	if (vmm_done(p, 8 * MiB, 1, 8 * MiB, hs))
-		return 1;
-
-	if (vmm_range(dev, 8 * MiB, 2, 4 * MiB, true, &p, hs))
-		return 1;
-	probe("vmm-two-maps", p, 8 * MiB);
-	if (vmm_done(p, 8 * MiB, 2, 4 * MiB, hs))
-		return 1;
-
-	if (vmm_range(dev, 8 * MiB, 1, 4 * MiB, true, &p, hs))
-		return 1;
-	probe("vmm-partly-mapped", p, 8 * MiB);
-	probe("vmm-mapped-part", p, 4 * MiB);
-	if (vmm_done(p, 8 * MiB, 1, 4 * MiB, hs))
-		return 1;
-
-	if (vmm_range(dev, 8 * MiB, 1, 8 * MiB, false, &p, hs))
-		return 1;
-	probe("vmm-no-access", p, 8 * MiB);
-	if (vmm_done(p, 8 * MiB, 1, 8 * MiB, hs))
-		return 1;
-
-	if (vmm_range(dev, 64 * MiB, 1, 8 * MiB, true, &p, hs))
-		return 1;
-	probe("vmm-big-reserve", p, 8 * MiB);
-	if (vmm_done(p, 64 * MiB, 1, 8 * MiB, hs))
-		return 1;
+	/* The VMM cases: a reservation, handles mapped at its start, and the
+	 * ranges registered (a second one where `size2` is set). */
+	static const struct {
+		const char *name, *name2;
+		size_t reserve, each, size, size2;
+		unsigned nmaps;
+		bool access;
+	} cases[] = {
+	    {"vmm-whole", NULL, 8 * MiB, 8 * MiB, 8 * MiB, 0, 1, true},
+	    {"vmm-two-maps", NULL, 8 * MiB, 4 * MiB, 8 * MiB, 0, 2, true},
+	    {"vmm-partly-mapped", "vmm-mapped-part", 8 * MiB, 4 * MiB, 8 * MiB, 4 * MiB, 1, true},
+	    {"vmm-no-access", NULL, 8 * MiB, 8 * MiB, 8 * MiB, 0, 1, false},
+	    {"vmm-big-reserve", NULL, 64 * MiB, 8 * MiB, 8 * MiB, 0, 1, true},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		if (vmm_range(dev, cases[i].reserve, cases[i].nmaps, cases[i].each, cases[i].access, &p, hs))
+			return 1;
+		probe(cases[i].name, p, cases[i].size);
+		if (cases[i].name2)
+			probe(cases[i].name2, p, cases[i].size2);
+		if (vmm_done(p, cases[i].reserve, cases[i].nmaps, cases[i].each, hs))
+			return 1;
+	}
 
 	CUmemoryPool pool;
 	CUmemPoolProps pp = {};
