@@ -20,19 +20,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_train import nvml_used_sampler  # noqa: E402
-
-
-def nvml_index(local_rank):
-    """NVML numbers GPUs by PCI bus; CUDA's default order is the same unless
-    CUDA_VISIBLE_DEVICES renumbers them."""
-    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if vis:
-        try:
-            return int(vis.split(",")[local_rank])
-        except (ValueError, IndexError):
-            pass
-    return local_rank
+from torch_train import nvml_index, nvml_used_sampler  # noqa: E402
 
 
 def main():

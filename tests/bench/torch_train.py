@@ -28,11 +28,17 @@ import threading
 import time
 
 
-def nvml_index():
-    """NVML's index of cuda:0: the first entry of CUDA_VISIBLE_DEVICES when
-    it is a number (NVML numbers every GPU of the host), else 0."""
-    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-    return int(first) if first.isdigit() else 0
+def nvml_index(ordinal=0):
+    """NVML's index of CUDA device `ordinal`: NVML numbers every GPU of the
+    host by PCI bus, CUDA's default order is the same unless
+    CUDA_VISIBLE_DEVICES renumbers them (its entry, when a number)."""
+    vis = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if vis:
+        try:
+            return int(vis.split(",")[ordinal])
+        except (ValueError, IndexError):
+            pass
+    return ordinal
 
 
 def nvml_used_sampler(index=None):
