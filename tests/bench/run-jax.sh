@@ -38,8 +38,8 @@ import ctypes, os, sys, time
 class M(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 n = ctypes.CDLL("libnvidia-ml.so.1"); n.nvmlInit_v2()
-first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-d = ctypes.c_void_p(); n.nvmlDeviceGetHandleByIndex_v2(int(first) if first.isdigit() else 0, ctypes.byref(d))
+sys.path.insert(0, sys.argv[2]); from torch_train import nvml_index
+d = ctypes.c_void_p(); n.nvmlDeviceGetHandleByIndex_v2(nvml_index(), ctypes.byref(d))
 m = M(); peak = 0
 while not os.path.exists(sys.argv[1]):
     n.nvmlDeviceGetMemoryInfo(d, ctypes.byref(m)); peak = max(peak, m.used); time.sleep(0.02)
@@ -49,7 +49,7 @@ print(peak >> 20)
 run() { # NAME ENV...
 	name=$1; shift
 	rm -f "$tmp/done"
-	python3 -c "$sampler" "$tmp/done" >"$tmp/peak" 2>/dev/null &
+	python3 -c "$sampler" "$tmp/done" "$here" >"$tmp/peak" 2>/dev/null &
 	spid=$!
 	env "$@" XLA_PYTHON_CLIENT_PREALLOCATE=false python3 "$script" --bench "$secs" >"$tmp/out" 2>"$tmp/err"
 	rc=$?
