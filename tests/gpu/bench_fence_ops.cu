@@ -51,6 +51,17 @@ static void report(const char *what, std::vector<double> &t)
 		}                                                               \
 	} while (0)
 
+/* Time call(i) alone for each i of t, then report it as `what`. */
+template <typename F> static void timed(const char *what, std::vector<double> &t, F call)
+{
+	for (size_t i = 0; i < t.size(); i++) {
+		double a = now_us();
+		call((int)i);
+		t[i] = now_us() - a;
+	}
+	report(what, t);
+}
+
 int main(int argc, char **argv)
 {
 	int iters = 10000;
@@ -82,64 +93,31 @@ int main(int argc, char **argv)
 	std::vector<double> t(iters);
 
 	printf("| driver call (device idle) | median us | p10 | p90 |\n|---|---|---|---|\n");
-	for (int i = 0; i < iters; i++) {
-		double a = now_us();
-		CK(cuStreamQuery(nb));
-		t[i] = now_us() - a;
-	}
-	report("cuStreamQuery, idle non-blocking stream", t);
+	timed("cuStreamQuery, idle non-blocking stream", t, [&](int) { CK(cuStreamQuery(nb)); });
+	timed("cuEventRecord, legacy stream", t, [&](int i) { CK(cuEventRecord(ev[i], CU_STREAM_LEGACY)); });
+	CK(cuCtxSynchronize());
+	timed("cuEventRecord, non-blocking stream", t, [&](int i) { CK(cuEventRecord(ev[i], nb)); });
+	CK(cuCtxSynchronize());
+	timed("cuEventQuery, completed event", t, [&](int i) { CK(cuEventQuery(ev[i])); });
 
-	for (int i = 0; i < iters; i++) {
-		double a = now_us();
+	std::vector<char> done(iters);
+	timed("cuEventRecord (legacy) + cuEventQuery at once", t, [&](int i) {
 		CK(cuEventRecord(ev[i], CU_STREAM_LEGACY));
-		t[i] = now_us() - a;
-	}
-	report("cuEventRecord, legacy stream", t);
+		done[i] = cuEventQuery(ev[i]) == CUDA_SUCCESS;
+	});
+	printf("  (the event had completed at the query in %d of %d)\n", (int)std::count(done.begin(), done.end(), 1),
+	       iters);
 	CK(cuCtxSynchronize());
 
-	for (int i = 0; i < iters; i++) {
-		double a = now_us();
-		CK(cuEventRecord(ev[i], nb));
-		t[i] = now_us() - a;
-	}
-	report("cuEventRecord, non-blocking stream", t);
-	CK(cuCtxSynchronize());
-
-	for (int i = 0; i < iters; i++) {
-		double a = now_us();
-		CK(cuEventQuery(ev[i]));
-		t[i] = now_us() - a;
-	}
-	report("cuEventQuery, completed event", t);
-
-	int ready = 0;
-	for (int i = 0; i < iters; i++) {
-		double a = now_us();
-		CK(cuEventRecord(ev[i], CU_STREAM_LEGACY));
-		CUresult r = cuEventQuery(ev[i]);
-		t[i] = now_us() - a;
-		ready += r == CUDA_SUCCESS;
-	}
-	report("cuEventRecord (legacy) + cuEventQuery at once", t);
-	printf("  (the event had completed at the query in %d of %d)\n", ready, iters);
-	CK(cuCtxSynchronize());
-
-	for (int i = 0; i < iters; i++) {
-		double a = now_us();
+	timed("cuEventRecord (legacy) + cuEventSynchronize", t, [&](int i) {
 		CK(cuEventRecord(ev[i], CU_STREAM_LEGACY));
 		CK(cuEventSynchronize(ev[i]));
-		t[i] = now_us() - a;
-	}
-	report("cuEventRecord (legacy) + cuEventSynchronize", t);
-
-	for (int i = 0; i < iters; i++) {
+	});
+	timed("cuEventCreate + cuEventDestroy", t, [&](int) {
 		CUevent e;
-		double a = now_us();
 		CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
 		CK(cuEventDestroy(e));
-		t[i] = now_us() - a;
-	}
-	report("cuEventCreate + cuEventDestroy", t);
+	});
 
 	for (auto &e : ev)
 		CK(cuEventDestroy(e));
