@@ -38,6 +38,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "allocator/heap.h"
 #include "common/log.h"
@@ -52,6 +53,14 @@
 
 atomic_bool st_annotate_on;
 atomic_bool st_annotate_probed;
+bool st_tool_injected;
+
+void st_annotate_detect(void)
+{
+	const char *path = getenv("NVTX_INJECTION64_PATH");
+
+	st_tool_injected = path && *path;
+}
 
 #define SLOT(name) (NVTX_EXT_MEM_VERSIONED_ID(nvtxExtMemSlots)[NVTX3EXT_CBID_##name + 1])
 

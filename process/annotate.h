@@ -28,6 +28,13 @@
 extern atomic_bool st_annotate_on;
 /* False until the first probe ran. */
 extern atomic_bool st_annotate_probed;
+/* A tool named itself to NVTX (NVTX_INJECTION64_PATH, which
+ * compute-sanitizer sets) before libemm started: set once by
+ * st_annotate_detect, before any context lookup. libemm then makes no
+ * driver call it knows would fail (contexts.c), since the tool reports
+ * every failed call as the program's error. */
+extern bool st_tool_injected;
+void st_annotate_detect(void);
 
 /* Loads the NVTX memory extension (which loads the tool named by
  * NVTX_INJECTION64_PATH, if any) once, and sets st_annotate_on when a tool

@@ -69,6 +69,7 @@
 
 #include "common/compiler.h"
 #include "common/log.h"
+#include "process/annotate.h"
 #include "process/process_internal.h"
 #include "process/process.h"
 
@@ -279,6 +280,14 @@ static int current_context_key(uint64_t *ret_key, unsigned long long *ret_id)
 	CUresult r;
 
 	if (EMM_LIKELY(x->cuCtxGetId != NULL)) {
+		/* Under a tool (compute-sanitizer), a thread without a context
+		 * is found without the failed cuCtxGetId the tool would report
+		 * as the program's error. */
+		if (EMM_UNLIKELY(st_tool_injected)) {
+			real = st_real_table();
+			if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
+				return -ENODEV;
+		}
 		/* NULL: the current context's id; an error without one. */
 		r = x->cuCtxGetId(NULL, &id);
 		if (EMM_UNLIKELY(r != CUDA_SUCCESS || id == 0))

@@ -176,6 +176,7 @@ static void state_init(void)
 		goto out;
 	}
 
+	st_annotate_detect();
 	ret = emm_backend_load(opts->backend, emm_real_dlsym, &st_backend);
 	if (ret < 0) {
 		emm_error("backend \"%s\" could not be loaded (reason above): libemm passes every call "

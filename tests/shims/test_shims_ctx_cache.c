@@ -8,7 +8,9 @@
  * event - for stream-ordered pairs, and no context lookup for synchronous
  * pairs (whose epochs still record an event per EMM_EPOCH_BLOCKS frees).
  * Argument "check" (the default EMM_CONTEXT_CHECK=on): one cuCtxGetId per
- * call, as documented. Both: every change of the current context through
+ * call, as documented. Argument "tool" (NVTX_INJECTION64_PATH set, as
+ * compute-sanitizer does): a thread without a context is found without a
+ * failed cuCtxGetId. All: every change of the current context through
  * the driver API (cuCtxCreate, cuCtxPushCurrent, cuCtxPopCurrent,
  * cuCtxSetCurrent), a context destroyed and another made (perhaps at the
  * same address), other threads, and a fork child are served from the heap
@@ -29,7 +31,7 @@ CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice de
 enum { SZ = 65536, PAIRS = 2000 };
 
 static CUcontext g_ctx;
-static bool trust;
+static bool trust, tool;
 
 /* The context the driver says `p` belongs to, as libemm answers it. */
 static CUcontext ctx_of(CUdeviceptr p)
@@ -200,6 +202,34 @@ TEST_BEGIN(test_destroy_seen_by_other_threads)
 }
 TEST_END
 
+/* A thread with no current context: the driver's answer, and under a tool
+ * ("tool": NVTX_INJECTION64_PATH set, as compute-sanitizer does) no failed
+ * cuCtxGetId on the way, which the tool would report as the program's. */
+static void *contextless(void *arg)
+{
+	CUdeviceptr p = 0;
+
+	(void)arg;
+	fakecuda_reset_counters();
+	expect_int_eq(cuMemAlloc(&p, SZ), CUDA_ERROR_INVALID_CONTEXT);
+	expect_u64_eq(p, 0);
+	if (tool)
+		expect_u64_eq(fakecuda_calls("cuCtxGetId"), 0);
+	else if (!trust)
+		expect_u64_eq(fakecuda_calls("cuCtxGetId"), 1);
+	return NULL;
+}
+
+TEST_BEGIN(test_thread_without_context)
+{
+	pthread_t t;
+
+	assert_int_eq(pthread_create(&t, NULL, contextless, NULL), 0);
+	assert_int_eq(pthread_join(t, NULL), 0);
+	expect_served_from(g_ctx);
+}
+TEST_END
+
 /* A fork child has no CUDA: its first allocation gets the driver's error,
  * never a block from the parent's cached heap. */
 TEST_BEGIN(test_fork_child)
@@ -224,7 +254,8 @@ TEST_END
 int main(int argc, char **argv)
 {
 	trust = argc > 1 && strcmp(argv[1], "trust") == 0;
+	tool = argc > 1 && strcmp(argv[1], "tool") == 0;
 	g_ctx = shims_setup();
 	return emm_test_run(test_cached_pair_driver_calls, test_switches_seen, test_destroy_seen_by_other_threads,
-	                    test_fork_child, NULL);
+	                    test_thread_without_context, test_fork_child, NULL);
 }
