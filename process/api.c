@@ -89,20 +89,30 @@ static CUcontext retain_primary(int device)
 }
 
 /* Make a context of `device` (< 0: the current one, else device 0) current:
- * 0 and *pushed (st_pop_ctx after), or -ENODEV. */
-static int enter_device(int device, bool *pushed)
+ * 0 and *pushed (st_pop_ctx after), or -ENODEV. A thread with no current
+ * context is found without a failing call (a tool such as compute-sanitizer
+ * reports each). Without `activate`, a primary context the program has
+ * released is not brought back (-ENODEV): nothing of libemm lives in it. */
+static int enter_device(int device, bool *pushed, bool activate)
 {
 	const struct emm_real_driver_table *real = st_real_table();
 	const struct emm_state_real_extra *x = st_real_extra();
-	CUdevice cur;
-	CUcontext ctx;
+	CUdevice cur, dev = device < 0 ? 0 : device;
+	CUcontext ctx = NULL;
+	unsigned int flags = 0;
+	int active = 0;
 
 	if (device >= API_MAX_DEVICES || !real->cuCtxGetDevice)
 		return -ENODEV;
 	*pushed = false;
-	if (real->cuCtxGetDevice(&cur) == CUDA_SUCCESS && (device < 0 || cur == device))
+	if ((!real->cuCtxGetCurrent || (real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)) &&
+	    real->cuCtxGetDevice(&cur) == CUDA_SUCCESS && (device < 0 || cur == device))
 		return 0;
-	ctx = retain_primary(device < 0 ? 0 : device);
+	if (!activate && atomic_load_explicit(&primary_ctx[dev], memory_order_acquire) == NULL &&
+	    (!real->cuDevicePrimaryCtxGetState ||
+	     real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active))
+		return -ENODEV;
+	ctx = retain_primary(dev);
 	if (!ctx || !x->cuCtxPushCurrent_v2 || !x->cuCtxPopCurrent_v2 || x->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)
 		return -ENODEV;
 	emm_state_current_changed(false); /* the thread's context cache (st_pop_ctx empties it again) */
@@ -236,7 +246,7 @@ int emm_api_device_alloc(size_t size, int device, CUstream stream, bool has_stre
 		return -EINVAL;
 	if (!st_real_table()->cuCtxGetDevice)
 		return -ENODEV; /* no driver */
-	r = enter_device(device, &pushed);
+	r = enter_device(device, &pushed, true);
 	if (r < 0)
 		return r;
 	if (has_stream && capturing(stream, hooked)) {
@@ -281,7 +291,7 @@ int emm_api_device_free(void *ptr, int device, CUstream stream, bool has_stream,
 		return 0; /* as cudaFree(NULL) */
 	if (!st_real_table()->cuCtxGetDevice)
 		return -ENODEV;
-	r = enter_device(device, &pushed);
+	r = enter_device(device, &pushed, true);
 	if (r < 0)
 		return r;
 	if (!emm_state_enabled()) {
@@ -315,7 +325,7 @@ int emm_api_host_alloc(size_t size, unsigned int flags, void **ret_ptr)
 		return -EINVAL;
 	if (!real->cuCtxGetDevice)
 		return -ENODEV;
-	r = enter_device(-1, &pushed);
+	r = enter_device(-1, &pushed, true);
 	if (r < 0)
 		return r;
 	r = emm_state_enabled() ? emm_serve_host_alloc(size, flags, true, &addr) : -ENOSYS;
@@ -344,7 +354,7 @@ int emm_api_host_free(void *ptr)
 		return 0;
 	if (!real->cuCtxGetDevice)
 		return -ENODEV;
-	r = enter_device(-1, &pushed);
+	r = enter_device(-1, &pushed, true);
 	if (r < 0)
 		return r;
 	r = emm_state_enabled() ? emm_serve_free("emm_host_free", (emm_addr_t)(uintptr_t)ptr, EMM_STREAM_SYNC,
@@ -370,7 +380,7 @@ int emm_api_mem_info(int device, size_t *ret_free, size_t *ret_total)
 		return -EINVAL;
 	if (!real->cuMemGetInfo_v2)
 		return -ENODEV;
-	r = enter_device(device, &pushed);
+	r = enter_device(device, &pushed, true);
 	if (r < 0)
 		return r;
 	if (emm_vmm_mode() == EMM_VMM_MODE_CACHE)
@@ -397,8 +407,11 @@ int emm_api_release_idle(int device, size_t keep_bytes, long long *ret_released)
 
 	/* A thread with no current context (a framework's worker, Python
 	 * without the preload) releases through a context of the device: the
-	 * epoch fences closed on the way are recorded in it. */
-	if (st_real_table()->cuCtxGetDevice && device >= -1 && enter_device(device, &pushed) < 0)
+	 * epoch fences closed on the way are recorded in it. First the heaps
+	 * of primary contexts released behind our back go (retaining the
+	 * primary again would hide that their memory is gone). */
+	st_drop_inactive_primaries();
+	if (st_real_table()->cuCtxGetDevice && device >= -1 && enter_device(device, &pushed, false) < 0)
 		pushed = false;
 	r = emm_state_release_idle(device, keep_bytes, ret_released);
 	st_pop_ctx(pushed);

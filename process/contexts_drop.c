@@ -2,7 +2,8 @@
 /*
  * process/contexts_drop.c - a context's heaps when the context goes: its
  * destroy or reset through our shims (shims_stream.c), a primary context
- * released to inactive, or a reset noticed behind our back (contexts.c).
+ * released to inactive, or a reset noticed behind our back (contexts.c, and
+ * st_drop_inactive_primaries before a release of idle memory).
  * The entry is unlinked from the registry, its heaps are destroyed without
  * driver calls under the heap guard (guard.c), its streams, captures and
  * IPC state are forgotten, and every thread's context cache is emptied
@@ -157,6 +158,44 @@ void emm_state_primary_released(CUdevice dev)
 		return;
 	if (!active)
 		emm_state_primary_reset(dev);
+}
+
+/* Primary entries whose device is not yet in the list. */
+struct dev_list {
+	CUdevice dev[64];
+	unsigned n;
+};
+
+static bool match_primary_unlisted(const struct ctx_entry *e, const void *arg)
+{
+	const struct dev_list *l = arg;
+
+	if (!e->primary)
+		return false;
+	for (unsigned i = 0; i < l->n; i++)
+		if (l->dev[i] == e->device)
+			return false;
+	return true;
+}
+
+void st_drop_inactive_primaries(void)
+{
+	struct dev_list l = {.n = 0};
+	struct ctx_entry *e;
+
+	if (!st_is_enabled() || st_is_exiting())
+		return;
+	while (l.n < sizeof(l.dev) / sizeof(l.dev[0])) {
+		st_lock(&st_ctx_lock);
+		e = st_ctx_find_locked(match_primary_unlisted, &l, false);
+		if (e)
+			l.dev[l.n++] = e->device;
+		st_unlock(&st_ctx_lock);
+		if (!e)
+			break;
+	}
+	for (unsigned i = 0; i < l.n; i++)
+		emm_state_primary_released(l.dev[i]);
 }
 
 void emm_state_primary_retaining(CUdevice dev)

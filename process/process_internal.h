@@ -334,6 +334,11 @@ void st_contexts_fork_child(void);
 
 /* The entry whose heap `heap` is (device or pinned); NULL if none. */
 struct ctx_entry *st_heap_entry(const emm_heap_t *heap);
+/* Drops the heaps of primary contexts found inactive (released or reset
+ * where libemm could not see it: a program using libemm through its
+ * package, without the preload, whose framework released the context), so
+ * that a release of idle memory makes no driver call in a dead context. */
+void st_drop_inactive_primaries(void);
 
 /* --- pinned.c ------------------------------------------------------------ */
 

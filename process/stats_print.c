@@ -70,6 +70,7 @@ int emm_state_release_idle(int device, size_t keep_bytes, long long *ret_release
 		*ret_released = 0;
 		return 0;
 	}
+	st_drop_inactive_primaries();
 	/* Each heap's context is made current around the release: segments
 	 * go back through the driver and fences may be recorded. */
 	emm_state_for_each_heap(release_one, &a, true);

@@ -16,12 +16,16 @@
  *   vmm   - a whole VMM buffer the program freed and libemm keeps mapped
  *           is a heap with no region while idle (any access is to freed
  *           memory), and not once it is handed back or given back.
+ *   gone  - the primary context released behind libemm's back (as a
+ *           program using libemm's package without the preload does at
+ *           exit): giving the idle cache back makes no call in it.
  *   none  - the tool takes no memory call (FAKE_NVTX_SLOTS=none): libemm
  *           makes none, and serves as usual.
  * Failure is exit status 1 with a message.
  */
 #include <cuda.h>
 #include <dlfcn.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,6 +168,38 @@ static void exit_mode(void)
 	/* exit: the fake tool's destructor checks 1 heap, 1 region */
 }
 
+/* The primary context released where libemm cannot see it (a program that
+ * uses libemm through its package: Numba releases its context at exit):
+ * giving the idle cache back, as the exit handler does under a tool, makes
+ * no driver call in the dead context (the tool would report each failed
+ * one as the program's error). */
+static void *release_contextless(void *arg)
+{
+	(void)arg;
+	fakecuda_reset_counters();
+	CHECK(shims_release_idle(-1, 0) >= 0);
+	return NULL;
+}
+
+static void gone_mode(void)
+{
+	CUdeviceptr a;
+	pthread_t t;
+	uint64_t total;
+
+	CHECK(cuMemAlloc(&a, 30u << 20) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuMemFree(a) == CUDA_SUCCESS);
+	CHECK(fakecuda_device_reset(0, 0) == 0);
+	/* From a thread without a context, as a finalizer or exit handler may
+	 * run: the dead primary is neither used nor brought back. */
+	CHECK(pthread_create(&t, NULL, release_contextless, NULL) == 0);
+	CHECK(pthread_join(t, NULL) == 0);
+	total = fakecuda_calls_total(NULL);
+	CHECK(total == fakecuda_calls("cuDevicePrimaryCtxGetState") + fakecuda_calls("cuCtxGetCurrent"));
+	CHECK(fakecuda_calls("cuDevicePrimaryCtxRetain") == 0);
+}
+
 static void vmm_mode(void)
 {
 	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -207,6 +243,8 @@ int main(int argc, char **argv)
 		exit_mode();
 	else if (strcmp(mode, "vmm") == 0)
 		vmm_mode();
+	else if (strcmp(mode, "gone") == 0)
+		gone_mode();
 	else if (strcmp(mode, "refused") == 0)
 		refused_mode();
 	else
