@@ -291,6 +291,8 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	}
 	h->owner = owner;
 	h->p = *params;
+	if (h->has_remap && params->epoch_max_blocks_paged < h->p.epoch_max_blocks)
+		h->p.epoch_max_blocks = params->epoch_max_blocks_paged;
 	h->pending_limit = params->pending_limit;
 	if (h->p.epoch_max_blocks == 0)
 		h->p.epoch_max_blocks = 1;

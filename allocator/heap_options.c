@@ -5,7 +5,8 @@
  */
 #include "allocator/heap_options.h"
 
-void emm_heap_params_from_options(const struct emm_options *o, struct emm_heap_params *p)
+void emm_heap_params_from_options(const struct emm_options *o, const enum emm_option_source *sources,
+                                  struct emm_heap_params *p)
 {
 	emm_heap_params_default(p);
 	p->small_max = o->small_size;
@@ -30,6 +31,9 @@ void emm_heap_params_from_options(const struct emm_options *o, struct emm_heap_p
 		break;
 	}
 	p->epoch_max_blocks = o->epoch_blocks;
+	/* EMM_EPOCH_BLOCKS set by the user holds for every heap. */
+	if (sources && sources[EMM_OPT_EPOCH_BLOCKS] == EMM_OPTION_ENV)
+		p->epoch_max_blocks_paged = o->epoch_blocks;
 	p->epoch_max_bytes = o->epoch_bytes;
 	p->pending_limit = o->pending_limit;
 	p->arenas = o->arenas;

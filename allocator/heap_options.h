@@ -11,7 +11,8 @@
 #include "allocator/heap.h"
 #include "config/options.h"
 
-void emm_heap_params_from_options(const struct emm_options *o, struct emm_heap_params *p);
+void emm_heap_params_from_options(const struct emm_options *o, const enum emm_option_source *sources,
+                                  struct emm_heap_params *p);
 
 /* Bits of emm_heap_params_fit's result: the parameters it changed. */
 enum {

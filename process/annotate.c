@@ -34,6 +34,10 @@
  * kernel reaches pinned memory at its host address), so memcheck checks a
  * kernel's access to a pinned block against its region.
  * No NVTX call is made under a lock: a tool's handler may call the driver.
+ * For the same reason each is made in relaxed capture mode (as a segment's
+ * backend calls are, capture.c): during a global-mode capture the tool's
+ * own driver calls would fail, and a block served then would be left out
+ * of its books (every access to it reported as out of bounds).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -43,6 +47,7 @@
 #include "allocator/heap.h"
 #include "common/log.h"
 #include "process/annotate.h"
+#include "process/process_internal.h"
 #include "process/process.h"
 
 /* NVTX finds the tool's entry point with dlsym: the C library's, not
@@ -174,8 +179,11 @@ static void heap_register(uint64_t addr, size_t size)
 	    .typeSpecificDesc = &range,
 	};
 
+	int mode = st_capture_relax(); /* see the top of this file */
 	nvtxMemHeapHandle_t h = nvtxMemHeapRegister(NULL, &desc);
 	static atomic_bool warned;
+
+	st_capture_unrelax(mode);
 
 	/* A heap of virtual addresses is named by its address (the header's
 	 * contract); the unregister and the regions rely on it. */
@@ -195,8 +203,12 @@ static void heap_register(uint64_t addr, size_t size)
 static void heap_unregister(uint64_t addr)
 {
 	/* A heap of virtual addresses is named by its address. */
-	if (!refused_has(addr, true))
+	if (!refused_has(addr, true)) {
+		int mode = st_capture_relax();
+
 		nvtxMemHeapUnregister(NULL, (nvtxMemHeapHandle_t)(uintptr_t)addr);
+		st_capture_unrelax(mode);
+	}
 }
 
 void st_annotate_heap_slow(uint64_t addr, size_t size, bool add)
@@ -249,6 +261,7 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 
 	if (refused_has(heap, false))
 		return; /* the tool refused its heap: it would refuse the region */
+	int mode = st_capture_relax();
 	if (add) {
 		size_t size = b.requested ? b.requested : b.size;
 		nvtxMemVirtualRangeDesc_t range = {.size = size, .ptr = (const void *)(uintptr_t)addr};
@@ -274,6 +287,7 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 		};
 		nvtxMemRegionsUnregister(NULL, &batch);
 	}
+	st_capture_unrelax(mode);
 }
 
 void st_annotate_exit(void)

@@ -271,7 +271,7 @@ const char *emm_state_backend_path(void)
 
 void st_heap_params(struct emm_heap_params *p)
 {
-	emm_heap_params_from_options(st_opts, p);
+	emm_heap_params_from_options(st_opts, emm_options_sources(), p);
 }
 
 /* --- fork and exit ----------------------------------------------------- */

@@ -145,7 +145,7 @@ static int setting_parse(const char *text, struct setting *s, char *buf, size_t 
 			return -EINVAL;
 		}
 	}
-	emm_heap_params_from_options(&s->opts, &s->setup.params);
+	emm_heap_params_from_options(&s->opts, sources, &s->setup.params);
 	s->setup.backend = strcmp(s->opts.backend, "driver") == 0 ? "hostsim" : s->opts.backend;
 	s->setup.backend_options = s->opts.backend_options;
 	return 0;

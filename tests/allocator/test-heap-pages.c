@@ -30,7 +30,8 @@ static emm_heap_t *setup(struct emm_heap_params *p, size_t capacity, bool remap,
 	struct emm_segment_source src = pd_source(&pd);
 	struct emm_segment_pages pages = pd_pages(&pd, remap, grow);
 	struct emm_fence_ops fops = fake_fence_ops(&fence);
-	if (emm_heap_create_paged(p, &src, &pages, fenced ? &fops : NULL, 0, &h))
+	/* Neither: a heap without page methods, as over the driver backend. */
+	if (emm_heap_create_paged(p, &src, remap || grow ? &pages : NULL, fenced ? &fops : NULL, 0, &h))
 		return NULL;
 	return h;
 }
@@ -284,6 +285,38 @@ TEST_BEGIN(test_fence_rule)
 }
 TEST_END
 
+/* Page-granular heaps close the free epoch after epoch_max_blocks_paged
+ * synchronous frees (8 by default, not 32): their peak. */
+static uint64_t closes_after_frees(bool remap, unsigned n)
+{
+	const emm_stream_t NB = 0x7000;
+	struct emm_heap_params p = params1();
+	emm_heap_t *h = setup(&p, 1024 * MIB, remap, false, true);
+	emm_addr_t a[16];
+	uint64_t closed;
+
+	if (!h)
+		return UINT64_MAX;
+	emm_heap_stream_created(h, NB, true); /* epochs then need events */
+	for (unsigned i = 0; i < n; i++)
+		a[i] = palloc(h, 4096, EMM_STREAM_SYNC);
+	for (unsigned i = 0; i < n; i++)
+		expect_int_eq(emm_heap_free(a[i], EMM_STREAM_SYNC, NULL), 0);
+	closed = heap_stats(h).epochs_closed;
+	fake_complete(&fence, 0);
+	teardown(h);
+	return closed;
+}
+
+TEST_BEGIN(test_paged_epoch_quota)
+{
+	expect_u64_eq(closes_after_frees(true, 7), 0);
+	expect_u64_eq(closes_after_frees(true, 8), 1);
+	expect_u64_eq(closes_after_frees(true, 16), 2);
+	expect_u64_eq(closes_after_frees(false, 16), 0); /* 32 elsewhere */
+}
+TEST_END
+
 /* Growing in place: per stream key, the tail block extended or a block
  * appended; a full reservation opens a new segment; a failed grow runs the
  * OOM retry. */
@@ -508,6 +541,6 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_fragmentation, test_release_and_remap, test_map_failure, test_threshold,
-	                    test_fence_rule, test_grow, test_create_checks, test_threads, test_hold_peak,
+	                    test_fence_rule, test_paged_epoch_quota, test_grow, test_create_checks, test_threads, test_hold_peak,
 	                    test_hold_peak_shares_large_arena, test_threads_hold_peak, NULL);
 }

@@ -398,6 +398,7 @@ __global__ void spin_writer(uint32_t *p, size_t n, uint32_t a, uint64_t spin_ns,
 }
 
 static bool g_simulate; /* --simulate-reuse: hand out the busy buffer itself */
+static bool g_nothing_tested; /* destroyed-stream: the kernel ended before any block came */
 
 /*
  * A kernel on stream A writes buf for ~50 ms; buf is freed stream-ordered on
@@ -529,7 +530,13 @@ static void part_destroyed_stream(void)
 	race_check(eb == cudaSuccess && ee == cudaSuccess && g, "the global capture failed");
 	race_check(ed == cudaSuccess, "cudaStreamDestroy during the capture -> %s", cudaGetErrorName(ed));
 	race_check(alloc_errors == 0, "%u allocations failed", alloc_errors);
-	if (g_simulate) {
+	if (early == 0 && race_emm_active()) {
+		/* No block was issued while the kernel ran (a tool that serializes
+		 * launches, such as compute-sanitizer, lets it finish first):
+		 * nothing was tested, a skip as in the fence tests. */
+		printf("SKIP: no block was issued while the kernel ran: nothing tested\n");
+		g_nothing_tested = true;
+	} else if (g_simulate) {
 		/* Self-test: the overlap check must catch the reuse. (Whether the
 		 * kernel's writes land after the new owner's fill depends on
 		 * timing, so the corruption count is not required here: seen 0 on
@@ -538,7 +545,6 @@ static void part_destroyed_stream(void)
 	} else {
 		race_check(overlaps == 0, "%u blocks overlapping the busy buffer were handed out", overlaps);
 		race_check(corrupted == 0, "%u blocks were corrupted by the destroyed stream's kernel", corrupted);
-		race_check(early > 0 || !race_emm_active(), "no block was issued while the kernel ran: nothing tested");
 	}
 
 	for (size_t i = 0; i < got.size(); i++)
@@ -600,6 +606,8 @@ int main(int argc, char **argv)
 		printf("%d check(s) failed\n", race_fails);
 		return 1;
 	}
+	if (g_nothing_tested)
+		return RACE_SKIP;
 	printf("ok\n");
 	return 0;
 }

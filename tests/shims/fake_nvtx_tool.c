@@ -72,12 +72,25 @@ static int refuse_host_ok(uintptr_t a)
 	return attr && attr(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, a) == 0 && type == 1 /* HOST */;
 }
 
+/* compute-sanitizer's handlers call the driver; during a global-mode
+ * capture such a call fails unless the caller relaxed its thread's mode.
+ * A "potentially unsafe" call stands for them (an error if refused). */
+static void driver_call_allowed(uintptr_t a)
+{
+	int (*query)(void *) = (int (*)(void *))dlsym(RTLD_DEFAULT, "cuStreamQuery");
+	int r = query ? query(NULL) : 0;
+
+	if (r >= 900 && r <= 907)
+		error("the tool's driver call refused (stream capture)", a);
+}
+
 static nvtxMemHeapHandle_t heap_register(nvtxDomainHandle_t d, nvtxMemHeapDesc_t const *desc)
 {
 	const nvtxMemVirtualRangeDesc_t *r = desc->typeSpecificDesc;
 	uintptr_t a = (uintptr_t)r->ptr;
 
 	(void)d;
+	driver_call_allowed(a);
 	pthread_mutex_lock(&lock);
 	heap_regs++;
 	/* FAKE_NVTX_REFUSE_DEVICE=1: refuse heaps whose first byte the
@@ -124,6 +137,7 @@ static void regions_register(nvtxDomainHandle_t d, nvtxMemRegionsRegisterBatch_t
 	const nvtxMemVirtualRangeDesc_t *r = b->regionDescElements;
 
 	(void)d;
+	driver_call_allowed((uintptr_t)r[0].ptr);
 	pthread_mutex_lock(&lock);
 	for (size_t k = 0; k < b->regionCount; k++) {
 		uintptr_t a = (uintptr_t)r[k].ptr, h = (uintptr_t)b->heap;

@@ -19,6 +19,8 @@
  *   gone  - the primary context released behind libemm's back (as a
  *           program using libemm's package without the preload does at
  *           exit): giving the idle cache back makes no call in it.
+ *   capture - blocks served during a global-mode capture are annotated
+ *           (the tool's handlers may call the driver: relaxed mode).
  *   none  - the tool takes no memory call (FAKE_NVTX_SLOTS=none): libemm
  *           makes none, and serves as usual.
  * Failure is exit status 1 with a message.
@@ -200,6 +202,27 @@ static void gone_mode(void)
 	CHECK(fakecuda_calls("cuDevicePrimaryCtxRetain") == 0);
 }
 
+/* Blocks served during a global-mode capture (a miss: a new segment too)
+ * are annotated like others: the tool's own driver calls are not refused. */
+static void capture_mode(void)
+{
+	CUstream s;
+	CUgraph g = NULL;
+	CUdeviceptr a, b;
+
+	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&b, 30u << 20) == CUDA_SUCCESS); /* a miss: a segment */
+	CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS && g);
+	CHECK(heap(b) != 0 && region(b) == 30u << 20);
+	CHECK(count(ERRORS) == 0);
+	CHECK(cuGraphDestroy(g) == CUDA_SUCCESS);
+	CHECK(cuMemFree(b) == CUDA_SUCCESS && cuMemFree(a) == CUDA_SUCCESS);
+	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+}
+
 static void vmm_mode(void)
 {
 	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -245,6 +268,8 @@ int main(int argc, char **argv)
 		vmm_mode();
 	else if (strcmp(mode, "gone") == 0)
 		gone_mode();
+	else if (strcmp(mode, "capture") == 0)
+		capture_mode();
 	else if (strcmp(mode, "refused") == 0)
 		refused_mode();
 	else
