@@ -6,10 +6,12 @@
  * bypassed our shims is noticed first (the stale block then belongs to the
  * driver), the block must be of the space the call frees (device or pinned
  * host), a block a captured graph may still touch is quarantined
- * (capture.c), and only then does it go back to its heap.
+ * (capture.c) and keeps its region for a memory checker, and only then does
+ * it leave the checker's books and go back to its heap.
  */
 #include <errno.h>
 
+#include "process/annotate.h"
 #include "process/process.h"
 
 int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested)
@@ -24,8 +26,10 @@ int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t 
 		return -ENOENT;
 	r = emm_capture_quarantine_free(addr, pinned, ret_requested);
 	if (r > 0)
-		return 0;
+		return 0; /* a graph may still use it: a memory checker keeps its region */
 	if (r < 0)
 		return -EINVAL;
+	/* Before the heap may hand it out again: no new owner's region first. */
+	st_annotate_block(addr, false, pinned);
 	return emm_heap_free(addr, key, ret_requested);
 }

@@ -58,6 +58,7 @@
 
 #include "common/compiler.h"
 #include "common/log.h"
+#include "process/annotate.h"
 #include "process/process.h"
 #include "process/process_internal.h"
 
@@ -163,6 +164,8 @@ void st_release_run(struct st_release *rel)
 		if (emm_heap_find_block(rel->items[i].addr, &range) != 0 || range.base != rel->items[i].addr ||
 		    range.heap != rel->items[i].heap)
 			continue;
+		/* Its region stayed while a graph could use it (block_free.c). */
+		st_annotate_block(rel->items[i].addr, false, emm_state_heap_is_pinned(range.heap));
 		if (emm_heap_free(rel->items[i].addr, EMM_STREAM_SYNC, &requested) == 0)
 			freed++;
 	}

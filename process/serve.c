@@ -149,9 +149,9 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 	tls_failed_size = 0; /* memory may have come back */
 	emm_state_enter();
 	/* Before the heap may hand it out again; the fill while the block is
-	 * still a region a memory checker knows. */
+	 * still a region a memory checker knows (emm_state_free_block removes
+	 * the region). */
 	st_poison_block(addr, key);
-	st_annotate_block(addr, false, pinned);
 	r = emm_state_free_block(addr, key, pinned, &requested);
 	emm_state_leave();
 	if (r == 0) {

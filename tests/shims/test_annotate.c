@@ -21,6 +21,8 @@
  *           exit): giving the idle cache back makes no call in it.
  *   capture - blocks served during a global-mode capture are annotated
  *           (the tool's handlers may call the driver: relaxed mode).
+ *   quarantine - a block freed during a capture keeps its region while
+ *           the graph lives (its replays may use it), not after.
  *   none  - the tool takes no memory call (FAKE_NVTX_SLOTS=none): libemm
  *           makes none, and serves as usual.
  * Failure is exit status 1 with a message.
@@ -223,6 +225,32 @@ static void capture_mode(void)
 	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
 }
 
+/* A block the program frees during a capture stays out of reach of new
+ * owners while the graph lives (the quarantine, capture.c): its region
+ * stays too, so the graph's replays are no error to the tool; it goes when
+ * the graph is destroyed and the block returns to its heap. */
+static void quarantine_mode(void)
+{
+	CUstream s;
+	CUgraph g = NULL;
+	CUdeviceptr a, b;
+
+	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&b, 4096) == CUDA_SUCCESS);
+	CHECK(cuMemFree(b) == CUDA_SUCCESS); /* quarantined */
+	CHECK(region(b) == 4096);
+	CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS && g);
+	CHECK(region(b) == 4096);
+	CHECK(cuGraphDestroy(g) == CUDA_SUCCESS);
+	CHECK(region(b) == 0);
+	CHECK(cuMemFree(a) == CUDA_SUCCESS && region(a) == 0);
+	CHECK(cuStreamDestroy(s) == CUDA_SUCCESS);
+	CHECK(count(ERRORS) == 0);
+}
+
 static void vmm_mode(void)
 {
 	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
@@ -270,6 +298,8 @@ int main(int argc, char **argv)
 		gone_mode();
 	else if (strcmp(mode, "capture") == 0)
 		capture_mode();
+	else if (strcmp(mode, "quarantine") == 0)
+		quarantine_mode();
 	else if (strcmp(mode, "refused") == 0)
 		refused_mode();
 	else
