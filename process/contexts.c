@@ -287,6 +287,8 @@ static int current_context_key(uint64_t *ret_key, unsigned long long *ret_id)
 			real = st_real_table();
 			if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
 				return -ENODEV;
+			if (st_primary_still_reset(ctx))
+				return -ESTALE;
 		}
 		/* NULL: the current context's id; an error without one. */
 		r = x->cuCtxGetId(NULL, &id);

@@ -14,6 +14,7 @@
 #include <stdbool.h>
 
 #include "common/log.h"
+#include "process/annotate.h"
 #include "process/process_internal.h"
 #include "process/process.h"
 
@@ -132,6 +133,55 @@ void emm_state_primary_reset(CUdevice dev)
 	emm_state_current_changed(true);
 }
 
+/* Primary contexts reset through our shims, remembered under a tool only:
+ * the runtime leaves a reset primary current until its next call retains
+ * it, and a lookup meanwhile must not ask the driver for the dead
+ * context's id (the tool would report the failed call as the program's). */
+static struct {
+	CUcontext ctx;
+	CUdevice dev;
+} reset_primaries[16];
+static pthread_mutex_t reset_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void note_reset_primary(CUcontext ctx, CUdevice dev)
+{
+	pthread_mutex_lock(&reset_lock);
+	for (unsigned i = 0; i < sizeof(reset_primaries) / sizeof(reset_primaries[0]); i++) {
+		if (!reset_primaries[i].ctx || reset_primaries[i].ctx == ctx) {
+			reset_primaries[i].ctx = ctx;
+			reset_primaries[i].dev = dev;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&reset_lock);
+}
+
+bool st_primary_still_reset(CUcontext ctx)
+{
+	const struct emm_real_driver_table *real = st_real_table();
+	unsigned int flags = 0;
+	int active = 1;
+	CUdevice dev = -1;
+	unsigned i, n = sizeof(reset_primaries) / sizeof(reset_primaries[0]);
+
+	pthread_mutex_lock(&reset_lock);
+	for (i = 0; i < n && reset_primaries[i].ctx != ctx; i++)
+		;
+	if (i < n)
+		dev = reset_primaries[i].dev;
+	pthread_mutex_unlock(&reset_lock);
+	if (i == n || !real->cuDevicePrimaryCtxGetState ||
+	    real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+		return false;
+	if (active) { /* retained again: the same handle, a live context */
+		pthread_mutex_lock(&reset_lock);
+		if (reset_primaries[i].ctx == ctx)
+			reset_primaries[i].ctx = NULL;
+		pthread_mutex_unlock(&reset_lock);
+	}
+	return !active;
+}
+
 CUcontext emm_state_primary_resetting(CUdevice dev)
 {
 	struct ctx_entry *e;
@@ -143,6 +193,8 @@ CUcontext emm_state_primary_resetting(CUdevice dev)
 	e = st_ctx_find_locked(match_primary, &dev, false);
 	ctx = e ? e->ctx : NULL;
 	st_unlock(&st_ctx_lock);
+	if (ctx && st_tool_injected)
+		note_reset_primary(ctx, dev);
 	emm_state_context_destroying(ctx);
 	return ctx;
 }

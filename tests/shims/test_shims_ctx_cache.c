@@ -230,6 +230,29 @@ TEST_BEGIN(test_thread_without_context)
 }
 TEST_END
 
+/* Under a tool: the primary context reset through the driver API, still
+ * current (as cudaDeviceReset leaves it): the driver's answer, no failed
+ * cuCtxGetId; retained again, served from a new heap. */
+TEST_BEGIN(test_reset_primary_current)
+{
+	CUdeviceptr p = 0;
+	CUcontext c = NULL;
+	CUresult r;
+
+	if (!tool)
+		return;
+	expect_served_from(g_ctx);
+	assert_int_eq(cuDevicePrimaryCtxReset(0), CUDA_SUCCESS);
+	fakecuda_reset_counters();
+	r = cuMemAlloc(&p, SZ);
+	expect_true(r != CUDA_SUCCESS);
+	expect_u64_eq(fakecuda_calls("cuCtxGetId"), 0);
+	assert_int_eq(cuDevicePrimaryCtxRetain(&c, 0), CUDA_SUCCESS);
+	expect_ptr_eq(c, g_ctx);
+	expect_served_from(g_ctx);
+}
+TEST_END
+
 /* A fork child has no CUDA: its first allocation gets the driver's error,
  * never a block from the parent's cached heap. */
 TEST_BEGIN(test_fork_child)
@@ -257,5 +280,5 @@ int main(int argc, char **argv)
 	tool = argc > 1 && strcmp(argv[1], "tool") == 0;
 	g_ctx = shims_setup();
 	return emm_test_run(test_cached_pair_driver_calls, test_switches_seen, test_destroy_seen_by_other_threads,
-	                    test_thread_without_context, test_fork_child, NULL);
+	                    test_thread_without_context, test_fork_child, test_reset_primary_current, NULL);
 }
