@@ -309,6 +309,15 @@ static void ctx_calls_get(const struct emm_backend_host *host, struct ctx_calls 
 	*(void **)&c->destroy = proc(host, "cuCtxDestroy_v2");
 }
 
+static bool primary_active(const struct async_state *st, const struct ctx_calls *c)
+{
+	unsigned int flags = 0;
+	int active = 0;
+
+	return c->primary_state && c->primary_state((CUdevice)st->device, &flags, &active) == CUDA_SUCCESS &&
+	       active;
+}
+
 /* Through the device's primary context if it is active (retaining an
  * active one only counts; an inactive one is left so: a reset primary
  * context stays reset until the program retains it). */
@@ -366,7 +375,12 @@ static void release_after_context(struct async_state *st)
 	ctx_calls_get(st->host, &c);
 	if (!c.get_current || c.get_current(&cur) != CUDA_SUCCESS)
 		return; /* the driver is gone */
-	if (cur && c.get_device && c.get_device(&dev) == CUDA_SUCCESS && dev == st->device && release_here(st))
+	/* A reset primary context stays current (cudaDeviceReset, a primary
+	 * reset): while the device's primary is inactive the current context
+	 * may be that dead one, whose calls fail (and a memory checker reports
+	 * each): a context of our own is used instead. */
+	if (cur && c.get_device && c.get_device(&dev) == CUDA_SUCCESS && dev == st->device &&
+	    primary_active(st, &c) && release_here(st))
 		return;
 	if (release_in_primary(st, &c) || release_in_own_context(st, &c))
 		return;

@@ -280,6 +280,9 @@ TEST_BEGIN(test_fini_after_primary_reset)
 		expect_u64_eq(fakecuda_mem_used(0), 6 * MIB); /* the pool outlived it */
 		be->fini(st, false);
 		expect_u64_eq(fakecuda_calls(v4 ? "cuCtxCreate_v4" : "cuCtxCreate_v2"), 1);
+		/* Nothing tried in the dead primary first (a failed call a
+		 * memory checker would report): one free, in the own context. */
+		expect_u64_eq(fakecuda_calls("cuMemFreeAsync"), 1);
 		expect_u64_eq(fakecuda_calls("cuMemPoolDestroy"), 1);
 		expect_u64_eq(fakecuda_mem_used(0), 0);
 		expect_int_eq(cuDevicePrimaryCtxGetState(0, &flags, &active), CUDA_SUCCESS);

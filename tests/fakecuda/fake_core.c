@@ -1029,6 +1029,15 @@ FAKE_API CUresult cuCtxGetDevice(CUdevice *device)
 	fake_lock();
 	struct fake_ctx *c;
 	CUresult r = fake_current_ctx_locked(&c);
+	/* A reset primary context left current still names its device
+	 * (driver 580, H200: no error under compute-sanitizer's API check,
+	 * RESULTS.md section 24). */
+	if (r == CUDA_ERROR_CONTEXT_IS_DESTROYED) {
+		struct fake_tls *t = tls_get();
+		c = t->stack[t->depth - 1];
+		if (fake_device_valid(c->device) && g_fake.primary[c->device] == c)
+			r = CUDA_SUCCESS;
+	}
 	if (r == CUDA_SUCCESS && !device)
 		r = CUDA_ERROR_INVALID_VALUE;
 	else if (r == CUDA_SUCCESS)
