@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "gpu_common.h"
+#include "vmm_calls.h"
 
 static const size_t sizes[] = {256, 64u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
 static const char *size_names[] = {"256 B", "64 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB", "256 MiB"};
@@ -107,11 +108,7 @@ static bool vmm_setup(int dev)
 {
 	CUmemGenericAllocationHandle h;
 
-	memset(&vmm_prop, 0, sizeof(vmm_prop));
-	vmm_prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	vmm_prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	vmm_prop.location.id = dev;
-	vmm_prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+	vmm_prop = vmm_call_prop(dev, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 	vmm_handle_type = "POSIX_FILE_DESCRIPTOR";
 	if (cuMemCreate(&h, 2u << 20, &vmm_prop, 0) == CUDA_SUCCESS) {
 		(void)cuMemRelease(h);
@@ -119,10 +116,7 @@ static bool vmm_setup(int dev)
 		vmm_prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_NONE;
 		vmm_handle_type = "NONE";
 	}
-	memset(&vmm_access, 0, sizeof(vmm_access));
-	vmm_access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	vmm_access.location.id = dev;
-	vmm_access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+	vmm_access = vmm_call_access(dev);
 	return cuMemGetAllocationGranularity(&vmm_granularity, &vmm_prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED) ==
 	           CUDA_SUCCESS &&
 	       vmm_granularity > 0;

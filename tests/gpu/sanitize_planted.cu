@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "gpu_common.h"
+#include "vmm_calls.h"
 
 __global__ void fill(unsigned char *p, size_t off, size_t n, unsigned char v)
 {
@@ -60,26 +61,6 @@ __global__ void copy(const unsigned char *src, unsigned char *dst, size_t n)
 
 	if (i < n)
 		dst[i] = src[i];
-}
-
-/* XLA's VMM allocation and free, as tests/shims/shims_vmm.h. */
-static CUdeviceptr vmm_alloc(size_t size, CUmemGenericAllocationHandle *h)
-{
-	CUmemAllocationProp p;
-	CUmemAccessDesc d;
-	CUdeviceptr va = 0;
-
-	memset(&p, 0, sizeof(p));
-	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p.location.id = 0;
-	memset(&d, 0, sizeof(d));
-	d.location = p.location;
-	d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	if (cuMemAddressReserve(&va, size, 0, 0, 0) != CUDA_SUCCESS || cuMemCreate(h, size, &p, 0) != CUDA_SUCCESS ||
-	    cuMemMap(va, size, 0, *h, 0) != CUDA_SUCCESS || cuMemSetAccess(va, size, &d, 1) != CUDA_SUCCESS)
-		return 0;
-	return va;
 }
 
 static void sync_quiet(void)
@@ -162,18 +143,16 @@ int main(int argc, char **argv)
 		cudaFree(b);
 		cudaStreamDestroy(s);
 	} else if (strcmp(c, "vmm-uaf") == 0) {
-		CUmemGenericAllocationHandle h;
-		size_t size = 4u << 20;
-		CUdeviceptr va = vmm_alloc(size, &h);
+		CUmemAllocationProp p = vmm_call_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+		CUmemAccessDesc d = vmm_call_access(0);
+		struct vmm_buf v;
 
-		if (!va)
+		if (vmm_call_alloc(&v, 4u << 20, &p, &d, 1) != CUDA_SUCCESS)
 			return 1;
-		fill<<<1, 64>>>((unsigned char *)va, 0, 64, 9);
+		fill<<<1, 64>>>((unsigned char *)v.va, 0, 64, 9);
 		sync_quiet();
-		cuMemUnmap(va, size);
-		cuMemRelease(h);
-		cuMemAddressFree(va, size);
-		fill<<<1, 64>>>((unsigned char *)va, 0, 64, 10);
+		vmm_call_free(&v);
+		fill<<<1, 64>>>((unsigned char *)v.va, 0, 64, 10);
 		sync_quiet();
 	} else if (strcmp(c, "pinned-oob") == 0) {
 		unsigned char *h = NULL;

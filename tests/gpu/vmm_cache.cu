@@ -32,6 +32,7 @@
 #include <unistd.h>
 
 #include "gpu_common.h"
+#include "vmm_calls.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -52,63 +53,25 @@ static int failures;
 		}                                                                                            \
 	} while (0)
 
-struct buf {
-	CUdeviceptr va;
-	size_t size;
-	CUmemGenericAllocationHandle h;
-};
-
 static int g_dev;
 static bool g_emm; /* libemm loaded and not disabled */
 
 static CUmemAllocationProp prop_of(CUmemAllocationHandleType types)
 {
-	CUmemAllocationProp p;
-
-	memset(&p, 0, sizeof(p));
-	p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-	p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	p.location.id = g_dev;
-	p.requestedHandleTypes = types;
-	return p;
+	return vmm_call_prop(g_dev, types);
 }
 
 static CUmemAccessDesc access_rw(void)
 {
-	CUmemAccessDesc d;
-
-	memset(&d, 0, sizeof(d));
-	d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-	d.location.id = g_dev;
-	d.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-	return d;
+	return vmm_call_access(g_dev);
 }
 
-static CUresult xla_alloc(struct buf *b, size_t size, CUmemAllocationHandleType types = CU_MEM_HANDLE_TYPE_NONE)
+static CUresult xla_alloc(struct vmm_buf *b, size_t size, CUmemAllocationHandleType types = CU_MEM_HANDLE_TYPE_NONE)
 {
 	CUmemAllocationProp p = prop_of(types);
 	CUmemAccessDesc d = access_rw();
-	CUresult r;
 
-	b->size = size;
-	if ((r = cuMemAddressReserve(&b->va, size, 0, 0, 0)) != CUDA_SUCCESS)
-		return r;
-	if ((r = cuMemCreate(&b->h, size, &p, 0)) != CUDA_SUCCESS)
-		return r;
-	if ((r = cuMemMap(b->va, size, 0, b->h, 0)) != CUDA_SUCCESS)
-		return r;
-	return cuMemSetAccess(b->va, size, &d, 1);
-}
-
-static CUresult xla_free(const struct buf *b)
-{
-	CUresult r;
-
-	if ((r = cuMemUnmap(b->va, b->size)) != CUDA_SUCCESS)
-		return r;
-	if ((r = cuMemRelease(b->h)) != CUDA_SUCCESS)
-		return r;
-	return cuMemAddressFree(b->va, b->size);
+	return vmm_call_alloc(b, size, &p, &d, 1);
 }
 
 static struct emm_stats stats(void)
@@ -139,7 +102,7 @@ __global__ void spin_fill(unsigned *p, size_t n, unsigned v, long long ns)
 			p[i] = v;
 }
 
-static bool check_fill(const struct buf *b, unsigned v)
+static bool check_fill(const struct vmm_buf *b, unsigned v)
 {
 	size_t n = b->size / sizeof(unsigned);
 	unsigned *host = (unsigned *)malloc(b->size);
@@ -160,7 +123,7 @@ static void case_codes(void)
 	CUmemGenericAllocationHandle h;
 	unsigned long long fl;
 	CUdeviceptr va;
-	struct buf b, c;
+	struct vmm_buf b, c;
 	int fd = -1;
 	CUmemoryPool pool;
 	CUmemPoolProps pp;
@@ -177,10 +140,10 @@ static void case_codes(void)
 		RC(cuMemGetAccess(NULL, &d.location, b.va));
 		RC(cuMemGetAllocationPropertiesFromHandle(NULL, b.h));
 		RC(cuMemExportToShareableHandle(&fd, b.h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
-		RC(xla_free(&b));
+		RC(vmm_call_free(&b));
 		/* Freed: in libemm cached, so each use of the stale objects must
 		 * see what the driver says about freed ones. */
-#define STALE(call) (xla_alloc(&b, 4 * MIB), xla_free(&b), (call))
+#define STALE(call) (xla_alloc(&b, 4 * MIB), vmm_call_free(&b), (call))
 		RC(STALE(cuMemGetAccess(&fl, &d.location, b.va)));
 		RC(STALE(cuMemUnmap(b.va, b.size)));
 		RC(STALE(cuMemAddressFree(b.va, b.size)));
@@ -220,7 +183,7 @@ static void case_xla(void)
 	static const size_t sizes[] = {2 * MIB, 4 * MIB, 2 * MIB, 16 * MIB, 64 * MIB};
 	const int n = (int)(sizeof(sizes) / sizeof(sizes[0])), rounds = 20;
 	struct emm_stats s0 = stats(), s1;
-	struct buf b[5];
+	struct vmm_buf b[5];
 
 	for (int round = 0; round < rounds; round++) {
 		for (int i = 0; i < n; i++) {
@@ -231,7 +194,7 @@ static void case_xla(void)
 			if (!check_fill(&b[i], round * 16 + i))
 				FAIL("xla: round %d buffer %d: wrong data", round, i);
 		for (int i = n - 1; i >= 0; i--)
-			OK(xla_free(&b[i]));
+			OK(vmm_call_free(&b[i]));
 	}
 	s1 = stats();
 	printf("xla: %d buffers, VMM allocations %llu, from the cache %llu\n", n * rounds,
@@ -246,7 +209,7 @@ static void case_xla(void)
 static void case_fence(void)
 {
 	const size_t size = 32 * MIB;
-	struct buf a, b;
+	struct vmm_buf a, b;
 	CUstream s;
 	bool running;
 
@@ -259,7 +222,7 @@ static void case_fence(void)
 	OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 	OK(xla_alloc(&a, size));
 	spin_fill<<<64, 256, 0, (cudaStream_t)s>>>((unsigned *)(uintptr_t)a.va, size / 4, 0xdeadbeef, 300000000ll);
-	OK(xla_free(&a)); /* the kernel is still writing A */
+	OK(vmm_call_free(&a)); /* the kernel is still writing A */
 	OK(xla_alloc(&b, size));
 	running = cuStreamQuery(s) == CUDA_ERROR_NOT_READY;
 	if (running && b.va == a.va)
@@ -271,7 +234,7 @@ static void case_fence(void)
 		FAIL("fence: the new buffer's data was overwritten");
 	printf("fence: kernel running at the reuse: %s; new buffer %s\n", running ? "yes" : "no (inconclusive)",
 	       b.va == a.va ? "is the freed one" : "is another");
-	OK(xla_free(&b));
+	OK(vmm_call_free(&b));
 	OK(cuStreamDestroy(s));
 }
 
@@ -287,7 +250,7 @@ static void case_fence_streams(void)
 	const size_t size = 24 * MIB;
 	struct emm_stats s0, s1;
 	CUstream idle[NIDLE], s;
-	struct buf a, b, c;
+	struct vmm_buf a, b, c;
 	bool running;
 
 	if (!g_emm) {
@@ -299,7 +262,7 @@ static void case_fence_streams(void)
 	OK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
 	OK(xla_alloc(&a, size));
 	spin_fill<<<64, 256, 0, (cudaStream_t)s>>>((unsigned *)(uintptr_t)a.va, size / 4, 0xdeadbeef, 300000000ll);
-	OK(xla_free(&a)); /* the kernel is still writing A; 18 streams idle */
+	OK(vmm_call_free(&a)); /* the kernel is still writing A; 18 streams idle */
 	OK(xla_alloc(&b, size));
 	running = cuStreamQuery(s) == CUDA_ERROR_NOT_READY;
 	if (running && b.va == a.va)
@@ -317,8 +280,8 @@ static void case_fence_streams(void)
 	printf("fence-streams: kernel running at the reuse: %s; new buffer %s; after the kernel %s\n",
 	       running ? "yes" : "no (inconclusive)", b.va == a.va ? "is the freed one" : "is another",
 	       c.va == a.va ? "the freed one from the cache" : "another");
-	OK(xla_free(&c));
-	OK(xla_free(&b));
+	OK(vmm_call_free(&c));
+	OK(vmm_call_free(&b));
 	OK(cuStreamDestroy(s));
 	for (int i = 0; i < NIDLE; i++)
 		OK(cuStreamDestroy(idle[i]));
@@ -340,7 +303,7 @@ static void case_sleep(void)
 	nvml_memory m0, m1;
 	char bus[64];
 	void *dev;
-	struct buf b;
+	struct vmm_buf b;
 	int waited = 0;
 
 	if (!nvml) {
@@ -375,7 +338,7 @@ static void case_sleep(void)
 	fill<<<256, 256>>>((unsigned *)(uintptr_t)b.va, size / 4, 2);
 	if (!check_fill(&b, 2))
 		FAIL("sleep: wrong data after mapping again");
-	OK(xla_free(&b));
+	OK(vmm_call_free(&b));
 }
 
 /* --- share ------------------------------------------------------------------- */
@@ -386,7 +349,7 @@ static void case_share(void)
 	CUmemGenericAllocationHandle h2;
 	CUmemAccessDesc d = access_rw();
 	CUdeviceptr va2;
-	struct buf b;
+	struct vmm_buf b;
 	int fd;
 
 	for (int round = 0; round < 3; round++) {
@@ -398,13 +361,13 @@ static void case_share(void)
 		OK(cuMemSetAccess(va2, 8 * MIB, &d, 1));
 		fill<<<256, 256>>>((unsigned *)(uintptr_t)b.va, b.size / 4, 9);
 		{
-			struct buf alias = {va2, 8 * MIB, h2};
+			struct vmm_buf alias = {va2, 8 * MIB, h2};
 			if (!check_fill(&alias, 9))
 				FAIL("share: the imported mapping does not show the exporter's bytes");
-			OK(xla_free(&alias));
+			OK(vmm_call_free(&alias));
 		}
 		close(fd);
-		OK(xla_free(&b));
+		OK(vmm_call_free(&b));
 	}
 	s1 = stats();
 	if (s1.vmm_hits != s0.vmm_hits)

@@ -36,7 +36,7 @@
 #include <string.h>
 
 #include "shims_common.h"
-#include "shims_vmm.h"
+#include "vmm_calls.h"
 
 static unsigned long long (*count)(int);
 static size_t (*region)(uintptr_t);
@@ -253,19 +253,19 @@ static void quarantine_mode(void)
 
 static void vmm_mode(void)
 {
-	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
-	CUmemAccessDesc d = shims_vmm_access(0);
+	CUmemAllocationProp p = vmm_call_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAccessDesc d = vmm_call_access(0);
 	size_t size = 4u << 20;
-	struct buf a, b;
+	struct vmm_buf a, b;
 
-	CHECK(shims_vmm_alloc(&a, size, &p, &d, 1) == CUDA_SUCCESS);
-	CHECK(shims_vmm_free(&a) == CUDA_SUCCESS);
+	CHECK(vmm_call_alloc(&a, size, &p, &d, 1) == CUDA_SUCCESS);
+	CHECK(vmm_call_free(&a) == CUDA_SUCCESS);
 	find_tool(); /* loaded when the first buffer went idle */
 	CHECK(heap(a.va) == size && count(REGIONS) == 0);
-	CHECK(shims_vmm_alloc(&b, size, &p, &d, 1) == CUDA_SUCCESS);
+	CHECK(vmm_call_alloc(&b, size, &p, &d, 1) == CUDA_SUCCESS);
 	CHECK(b.va == a.va); /* from the cache */
 	CHECK(heap(a.va) == 0);
-	CHECK(shims_vmm_free(&b) == CUDA_SUCCESS);
+	CHECK(vmm_call_free(&b) == CUDA_SUCCESS);
 	CHECK(heap(a.va) == size);
 	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
 	CHECK(shims_release_idle(0, 0) >= 0); /* made real: the heap goes */

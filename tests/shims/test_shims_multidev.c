@@ -36,7 +36,7 @@
 #include "emm_test.h"
 #include "shims_run.h"
 #include "shims_common.h"
-#include "shims_vmm.h"
+#include "vmm_calls.h"
 
 #define MIB ((size_t)1 << 20)
 #define NDEV 2
@@ -592,14 +592,14 @@ TEST_END
 
 /* XLA's allocation of `size` bytes on device `dev`, readable and writable
  * from both devices (the owner first). */
-static CUresult vmm_alloc(struct buf *b, int dev, size_t size)
+static CUresult vmm_alloc(struct vmm_buf *b, int dev, size_t size)
 {
-	CUmemAllocationProp p = shims_vmm_prop(dev, CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAllocationProp p = vmm_call_prop(dev, CU_MEM_HANDLE_TYPE_NONE);
 	CUmemAccessDesc d[NDEV];
 
 	for (int i = 0; i < NDEV; i++)
-		d[i] = shims_vmm_access((dev + i) % NDEV);
-	return shims_vmm_alloc(b, size, &p, d, NDEV);
+		d[i] = vmm_call_access((dev + i) % NDEV);
+	return vmm_call_alloc(b, size, &p, d, NDEV);
 }
 
 /* XLA on two GPUs: one cuMemSetAccess call per device (the owner first,
@@ -610,9 +610,9 @@ static CUresult vmm_alloc(struct buf *b, int dev, size_t size)
 TEST_BEGIN(test_vmm_access_per_device_calls)
 {
 	const size_t size = 2 * MIB;
-	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
-	CUmemAccessDesc d0 = shims_vmm_access(0), d1 = shims_vmm_access(1);
-	struct buf b;
+	CUmemAllocationProp p = vmm_call_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAccessDesc d0 = vmm_call_access(0), d1 = vmm_call_access(1);
+	struct vmm_buf b;
 	CUdeviceptr first = 0;
 
 	use(0);
@@ -620,14 +620,14 @@ TEST_BEGIN(test_vmm_access_per_device_calls)
 	for (int round = 0; round < 3; round++) {
 		if (round == 1)
 			fakecuda_reset_counters();
-		assert_int_eq(shims_vmm_alloc(&b, size, &p, &d0, 1), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_alloc(&b, size, &p, &d0, 1), CUDA_SUCCESS);
 		assert_int_eq(cuMemSetAccess(b.va, size, &d1, 1), CUDA_SUCCESS);
 		if (round == 0)
 			first = b.va;
 		else
 			expect_u64_eq(b.va, first);
 		memset((void *)(uintptr_t)b.va, round + 1, size);
-		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	}
 	/* Rounds 1 and 2 from the cache: no create or map; only the peer's
 	 * access call reached the driver. */
@@ -652,10 +652,10 @@ TEST_BEGIN(test_vmm_per_device)
 {
 	const size_t size = 4 * MIB;
 	struct emm_stats a0, a1, b0, b1;
-	struct buf v, w;
+	struct vmm_buf v, w;
 	size_t used0, used1, f = 0, t = 0;
 	CUmemGenericAllocationHandle h;
-	CUmemAllocationProp p1 = shims_vmm_prop(1, CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAllocationProp p1 = vmm_call_prop(1, CU_MEM_HANDLE_TYPE_NONE);
 	CUdeviceptr dp;
 
 	for (int cur = 0; cur < NDEV; cur++) {
@@ -671,7 +671,7 @@ TEST_BEGIN(test_vmm_per_device)
 		expect_int_eq(handle_device(v.h), 1);
 		expect_u64_eq(fakecuda_mem_used(1), used1 + size);
 		memset((void *)(uintptr_t)v.va, 0x11, size);
-		assert_int_eq(shims_vmm_free(&v), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&v), CUDA_SUCCESS);
 		/* Idle on device 1: counted there, free memory there only. */
 		expect_u64_eq(st(1).vmm_idle_bytes, size);
 		expect_u64_eq(st(0).vmm_idle_bytes, 0);
@@ -687,7 +687,7 @@ TEST_BEGIN(test_vmm_per_device)
 		expect_u64_eq(fakecuda_calls("cuMemCreate"), 0);
 		expect_u64_eq(w.va, v.va);
 		expect_int_eq(handle_device(w.h), 1);
-		assert_int_eq(shims_vmm_free(&w), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&w), CUDA_SUCCESS);
 		b0 = st(0);
 		b1 = st(1);
 		expect_u64_eq(b1.vmm_allocs - a1.vmm_allocs, 2);
@@ -701,7 +701,7 @@ TEST_BEGIN(test_vmm_per_device)
 		assert_int_eq(vmm_alloc(&w, 0, size), CUDA_SUCCESS);
 		expect_int_eq(handle_device(w.h), 0);
 		expect_u64_eq(fakecuda_mem_used(0), used0 + size);
-		assert_int_eq(shims_vmm_free(&w), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&w), CUDA_SUCCESS);
 
 		/* emm_release_idle(0) leaves device 1's idle buffer alone. */
 		(void)shims_release_idle(0, 0);
@@ -904,7 +904,7 @@ TEST_END
 static int mode_threshold(void)
 {
 	CUdeviceptr p;
-	struct buf v;
+	struct vmm_buf v;
 	size_t used0, used1;
 	int bad = 0;
 
@@ -915,7 +915,7 @@ static int mode_threshold(void)
 	used1 = fakecuda_mem_used(1);
 	if (vmm_alloc(&v, 1, 4 * MIB) != CUDA_SUCCESS)
 		return 1;
-	bad |= shims_vmm_free(&v) != CUDA_SUCCESS;
+	bad |= vmm_call_free(&v) != CUDA_SUCCESS;
 	fprintf(stderr, "threshold: after the VMM free device 1 holds %llu idle VMM bytes, uses %zu (was %zu)\n",
 	        (unsigned long long)st(1).vmm_idle_bytes, fakecuda_mem_used(1), used1);
 	bad |= st(1).vmm_idle_bytes != 0;
@@ -924,7 +924,7 @@ static int mode_threshold(void)
 	use(1);
 	if (vmm_alloc(&v, 1, 4 * MIB) != CUDA_SUCCESS)
 		return 1;
-	bad |= shims_vmm_free(&v) != CUDA_SUCCESS;
+	bad |= vmm_call_free(&v) != CUDA_SUCCESS;
 	bad |= st(1).vmm_idle_bytes != 0;
 	bad |= fakecuda_mem_used(1) != used1;
 

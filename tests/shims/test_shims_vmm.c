@@ -22,7 +22,7 @@
 
 #include "emm_test.h"
 #include "shims_common.h"
-#include "shims_vmm.h"
+#include "vmm_calls.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -31,24 +31,24 @@ static const char *const vmm_names[] = {"cuMemAddressReserve", "cuMemCreate", "c
 
 static CUmemAllocationProp prop0(CUmemAllocationHandleType types)
 {
-	return shims_vmm_prop(0, types);
+	return vmm_call_prop(0, types);
 }
 
 static CUmemAccessDesc access0(void)
 {
-	return shims_vmm_access(0);
+	return vmm_call_access(0);
 }
 
 /* XLA's allocation on device 0: reserve, create, map, set access. */
-static CUresult xla_alloc_t(struct buf *b, size_t size, CUmemAllocationHandleType types)
+static CUresult xla_alloc_t(struct vmm_buf *b, size_t size, CUmemAllocationHandleType types)
 {
 	CUmemAllocationProp p = prop0(types);
 	CUmemAccessDesc d = access0();
 
-	return shims_vmm_alloc(b, size, &p, &d, 1);
+	return vmm_call_alloc(b, size, &p, &d, 1);
 }
 
-static CUresult xla_alloc(struct buf *b, size_t size)
+static CUresult xla_alloc(struct vmm_buf *b, size_t size)
 {
 	return xla_alloc_t(b, size, CU_MEM_HANDLE_TYPE_NONE);
 }
@@ -77,7 +77,7 @@ static bool wait_used_at_most(size_t bytes, int ms)
 TEST_BEGIN(test_xla_pattern_served_from_cache)
 {
 	static const size_t sizes[] = {2 * MIB, 4 * MIB, 2 * MIB, 16 * MIB};
-	struct buf b[4];
+	struct vmm_buf b[4];
 	struct emm_stats s0, s1;
 
 	shims_stats(-1, &s0);
@@ -92,7 +92,7 @@ TEST_BEGIN(test_xla_pattern_served_from_cache)
 			expect_true(p[0] == 0x40 + i && p[sizes[i] - 1] == 0x40 + i);
 		}
 		for (int i = 3; i >= 0; i--)
-			assert_int_eq(shims_vmm_free(&b[i]), CUDA_SUCCESS);
+			assert_int_eq(vmm_call_free(&b[i]), CUDA_SUCCESS);
 		if (round > 0)
 			expect_u64_eq(vmm_calls(), 0);
 	}
@@ -112,7 +112,7 @@ TEST_BEGIN(test_sleep_pattern_gives_memory_back)
 {
 	CUmemAllocationProp p = prop0(CU_MEM_HANDLE_TYPE_NONE);
 	CUmemAccessDesc d = access0();
-	struct buf b, other;
+	struct vmm_buf b, other;
 	size_t base, fr, tot;
 
 	shims_release_idle(-1, 0);
@@ -137,7 +137,7 @@ TEST_BEGIN(test_sleep_pattern_gives_memory_back)
 		assert_int_eq(cuMemMap(b.va, b.size, 0, b.h, 0), CUDA_SUCCESS);
 		assert_int_eq(cuMemSetAccess(b.va, b.size, &d, 1), CUDA_SUCCESS);
 		memset((void *)(uintptr_t)b.va, 7, b.size);
-		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 		shims_release_idle(-1, 0);
 		expect_u64_eq(fakecuda_mem_used(0), base);
 	}
@@ -152,7 +152,7 @@ TEST_BEGIN(test_xla_create_first_order)
 {
 	CUmemAllocationProp p = prop0(CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
 	CUmemAccessDesc d = access0();
-	struct buf b;
+	struct vmm_buf b;
 
 	p.allocFlags.gpuDirectRDMACapable = 1;
 	for (int round = 0; round < 4; round++) {
@@ -165,7 +165,7 @@ TEST_BEGIN(test_xla_create_first_order)
 		assert_int_eq(cuMemSetAccess(b.va, b.size, &d, 1), CUDA_SUCCESS);
 		memset((void *)(uintptr_t)b.va, round + 1, b.size);
 		expect_int_eq(((unsigned char *)(uintptr_t)b.va)[b.size - 1], round + 1);
-		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	}
 	expect_u64_eq(vmm_calls(), 0);
 }
@@ -175,12 +175,12 @@ TEST_END
 TEST_BEGIN(test_idle_buffer_given_back_after_a_second)
 {
 	size_t base;
-	struct buf b;
+	struct vmm_buf b;
 
 	shims_release_idle(-1, 0);
 	base = fakecuda_mem_used(0);
 	assert_int_eq(xla_alloc(&b, 12 * MIB), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	expect_true(fakecuda_mem_used(0) >= base + 12 * MIB); /* kept for reuse */
 	expect_true(wait_used_at_most(base, 3000));          /* the reaper, after ~1 s */
 }
@@ -196,12 +196,12 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 	CUmemAllocationProp p = prop0(CU_MEM_HANDLE_TYPE_NONE);
 	CUmemGenericAllocationHandle h;
 	CUdeviceptr va;
-	struct buf b;
+	struct vmm_buf b;
 
 	for (int round = 0; round < 2; round++) {
 		assert_int_eq(xla_alloc_t(&b, 4 * MIB, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), CUDA_SUCCESS);
 		fakecuda_reset_counters();
-		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 		expect_u64_eq(vmm_calls(), 0);
 	}
 	for (int round = 0; round < 2; round++) {
@@ -209,7 +209,7 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 		assert_int_eq(cuMemRetainAllocationHandle(&h, (void *)(uintptr_t)b.va), CUDA_SUCCESS);
 		assert_int_eq(cuMemRelease(h), CUDA_SUCCESS);
 		fakecuda_reset_counters();
-		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 		expect_u64_eq(vmm_calls(), 3);
 	}
 	/* Half of a reservation mapped (PyTorch's expandable segments). */
@@ -226,7 +226,7 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 	assert_int_eq(xla_alloc(&b, 4 * MIB), CUDA_SUCCESS);
 	expect_int_eq(cuMemUnmap(b.va, 2 * MIB), CUDA_ERROR_INVALID_VALUE);
 	fakecuda_reset_counters();
-	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	expect_u64_eq(vmm_calls(), 3);
 	/* A handle mapped twice is never cached. */
 	assert_int_eq(xla_alloc(&b, 4 * MIB), CUDA_SUCCESS);
@@ -235,7 +235,7 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 	assert_int_eq(cuMemUnmap(va, 4 * MIB), CUDA_SUCCESS);
 	assert_int_eq(cuMemAddressFree(va, 4 * MIB), CUDA_SUCCESS);
 	fakecuda_reset_counters();
-	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	expect_u64_eq(vmm_calls(), 3);
 }
 TEST_END
@@ -244,14 +244,14 @@ TEST_END
  * has finished (its events complete); then it is. */
 TEST_BEGIN(test_fence_holds_freed_buffer)
 {
-	struct buf a, b, c;
+	struct vmm_buf a, b, c;
 	CUstream nb;
 
 	assert_int_eq(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	shims_release_idle(-1, 0);
 	fakecuda_set_event_delay(1000000);
 	assert_int_eq(xla_alloc(&a, 10 * MIB), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&a), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&a), CUDA_SUCCESS);
 	fakecuda_reset_counters();
 	assert_int_eq(xla_alloc(&b, 10 * MIB), CUDA_SUCCESS);
 	expect_true(b.va != a.va);
@@ -263,8 +263,8 @@ TEST_BEGIN(test_fence_holds_freed_buffer)
 	assert_int_eq(xla_alloc(&c, 10 * MIB), CUDA_SUCCESS);
 	expect_true(c.va == a.va);
 	expect_u64_eq(vmm_calls(), 0);
-	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&c), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&c), CUDA_SUCCESS);
 	assert_int_eq(cuStreamDestroy(nb), CUDA_SUCCESS);
 }
 TEST_END
@@ -273,7 +273,7 @@ TEST_END
  * and an out-of-memory cuMemCreate or cuMemAlloc give it back. */
 TEST_BEGIN(test_idle_is_free_memory)
 {
-	struct buf b[6];
+	struct vmm_buf b[6];
 	size_t fr, tot, used;
 	CUmemAllocationProp p = prop0(CU_MEM_HANDLE_TYPE_NONE);
 	CUmemGenericAllocationHandle h;
@@ -284,7 +284,7 @@ TEST_BEGIN(test_idle_is_free_memory)
 	for (int i = 0; i < 6; i++)
 		assert_int_eq(xla_alloc(&b[i], 8 * MIB), CUDA_SUCCESS);
 	for (int i = 0; i < 6; i++)
-		assert_int_eq(shims_vmm_free(&b[i]), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b[i]), CUDA_SUCCESS);
 	expect_u64_eq(fakecuda_mem_used(0), used + 48 * MIB);
 	assert_int_eq(cuMemGetInfo(&fr, &tot), CUDA_SUCCESS);
 	expect_u64_eq(fr, tot - used);
@@ -296,13 +296,13 @@ TEST_BEGIN(test_idle_is_free_memory)
 	for (int i = 0; i < 6; i++)
 		assert_int_eq(xla_alloc(&b[i], 8 * MIB), CUDA_SUCCESS);
 	for (int i = 0; i < 6; i++)
-		assert_int_eq(shims_vmm_free(&b[i]), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b[i]), CUDA_SUCCESS);
 	assert_int_eq(cuMemCreate(&h, 32 * MIB, &p, 0), CUDA_SUCCESS);
 	assert_int_eq(cuMemRelease(h), CUDA_SUCCESS);
 	for (int i = 0; i < 6; i++)
 		assert_int_eq(xla_alloc(&b[i], 8 * MIB), CUDA_SUCCESS);
 	for (int i = 0; i < 6; i++)
-		assert_int_eq(shims_vmm_free(&b[i]), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b[i]), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&d, 40 * MIB), CUDA_SUCCESS);
 	assert_int_eq(cuMemFree(d), CUDA_SUCCESS);
 	shims_release_idle(-1, 0);
@@ -320,12 +320,12 @@ static void *thread_rounds(void *arg)
 	if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS)
 		return (void *)1;
 	for (int round = 0; round < 50; round++) {
-		struct buf b;
+		struct vmm_buf b;
 		if (xla_alloc(&b, size) != CUDA_SUCCESS)
 			return (void *)1;
 		memset((void *)(uintptr_t)b.va, round, 4096);
 		bad |= ((unsigned char *)(uintptr_t)b.va)[4095] != (unsigned char)round;
-		if (shims_vmm_free(&b) != CUDA_SUCCESS)
+		if (vmm_call_free(&b) != CUDA_SUCCESS)
 			return (void *)1;
 	}
 	return (void *)bad;
@@ -350,21 +350,21 @@ TEST_END
  * the parent's objects; the parent goes on; exit with live mappings. */
 TEST_BEGIN(test_fork_and_exit_with_live_mappings)
 {
-	struct buf live, idle, sleep;
+	struct vmm_buf live, idle, sleep;
 	size_t used;
 	pid_t pid;
 	int status;
 
 	assert_int_eq(xla_alloc(&live, 2 * MIB), CUDA_SUCCESS);
 	assert_int_eq(xla_alloc(&idle, 4 * MIB), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&idle), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&idle), CUDA_SUCCESS);
 	assert_int_eq(xla_alloc(&sleep, 6 * MIB), CUDA_SUCCESS);
 	used = fakecuda_mem_used(0);
 	assert_int_eq(cuMemUnmap(sleep.va, sleep.size), CUDA_SUCCESS);
 	assert_int_eq(cuMemRelease(sleep.h), CUDA_SUCCESS);
 	pid = fork();
 	if (pid == 0) {
-		struct buf c;
+		struct vmm_buf c;
 		/* CUDA is unusable in the child: the call fails, nothing crashes. */
 		_exit(xla_alloc(&c, 4 * MIB) == CUDA_SUCCESS ? 3 : 0);
 	}
@@ -407,7 +407,7 @@ TEST_END
  * error. */
 TEST_BEGIN(test_free_orders)
 {
-	struct buf b;
+	struct vmm_buf b;
 
 	for (int round = 0; round < 3; round++) {
 		fakecuda_reset_counters();
@@ -441,7 +441,7 @@ static int mode_codes(void)
 	CUmemGenericAllocationHandle h;
 	unsigned long long fl;
 	CUdeviceptr va;
-	struct buf b, c;
+	struct vmm_buf b, c;
 	int bad = 0;
 
 #define CODE(call, want)                                                                                     \
@@ -461,10 +461,10 @@ static int mode_codes(void)
 		CODE(cuMemUnmap(b.va, 2 * MIB), CUDA_ERROR_INVALID_VALUE);
 		CODE(xla_alloc(&c, 4 * MIB), CUDA_SUCCESS);
 		CODE(cuMemAddressFree(c.va, c.size), CUDA_ERROR_INVALID_VALUE); /* still mapped */
-		CODE(shims_vmm_free(&c), CUDA_SUCCESS);
-		CODE(shims_vmm_free(&b), CUDA_SUCCESS);
+		CODE(vmm_call_free(&c), CUDA_SUCCESS);
+		CODE(vmm_call_free(&b), CUDA_SUCCESS);
 		/* A freed (in libemm: cached) range, handle and address used again. */
-#define STALE(call) (xla_alloc(&b, 4 * MIB), shims_vmm_free(&b), (call))
+#define STALE(call) (xla_alloc(&b, 4 * MIB), vmm_call_free(&b), (call))
 		CODE(STALE(cuMemRelease(b.h)), CUDA_ERROR_INVALID_VALUE);
 		CODE(STALE(cuMemGetAccess(&fl, &d.location, b.va)), CUDA_ERROR_INVALID_VALUE);
 		CODE(STALE(cuMemGetAllocationPropertiesFromHandle(&p, b.h)), CUDA_ERROR_INVALID_VALUE);
@@ -495,12 +495,12 @@ static int mode_codes(void)
 static int mode_passthrough(bool counted)
 {
 	struct emm_stats s;
-	struct buf b;
+	struct vmm_buf b;
 	int bad = 0;
 
 	for (int round = 0; round < 3; round++) {
 		fakecuda_reset_counters();
-		bad |= xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || shims_vmm_free(&b) != CUDA_SUCCESS;
+		bad |= xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || vmm_call_free(&b) != CUDA_SUCCESS;
 		bad |= vmm_calls() != 7;
 	}
 	shims_stats(-1, &s);
@@ -517,10 +517,10 @@ static int mode_trace(const char *path)
 	struct emm_stats s;
 	char line[256], want[64];
 	int found = 0;
-	struct buf b;
+	struct vmm_buf b;
 	FILE *f;
 
-	if (xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || shims_vmm_free(&b) != CUDA_SUCCESS)
+	if (xla_alloc(&b, 4 * MIB) != CUDA_SUCCESS || vmm_call_free(&b) != CUDA_SUCCESS)
 		return 1;
 	shims_stats(-1, &s); /* flushes the trace */
 	snprintf(want, sizeof(want), ",%#llx,%zu,", (unsigned long long)b.va, b.size);
@@ -538,10 +538,10 @@ static int mode_trace(const char *path)
 static int mode_threshold(void)
 {
 	size_t used = fakecuda_mem_used(0);
-	struct buf b;
+	struct vmm_buf b;
 	int bad = 0;
 
-	bad |= xla_alloc(&b, 8 * MIB) != CUDA_SUCCESS || shims_vmm_free(&b) != CUDA_SUCCESS;
+	bad |= xla_alloc(&b, 8 * MIB) != CUDA_SUCCESS || vmm_call_free(&b) != CUDA_SUCCESS;
 	bad |= fakecuda_mem_used(0) != used;
 	printf("threshold: %s\n", bad ? "FAILED" : "ok");
 	return bad;
@@ -551,17 +551,17 @@ static int mode_threshold(void)
  * frees trust it: a freed buffer comes back at once, its events unfinished. */
 static int mode_stream(void)
 {
-	struct buf a, b;
+	struct vmm_buf a, b;
 	CUstream nb;
 	int bad = 0;
 
 	bad |= cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
 	fakecuda_set_event_delay(1000000);
-	bad |= xla_alloc(&a, 10 * MIB) != CUDA_SUCCESS || shims_vmm_free(&a) != CUDA_SUCCESS;
+	bad |= xla_alloc(&a, 10 * MIB) != CUDA_SUCCESS || vmm_call_free(&a) != CUDA_SUCCESS;
 	fakecuda_reset_counters();
 	bad |= xla_alloc(&b, 10 * MIB) != CUDA_SUCCESS;
 	bad |= b.va != a.va || vmm_calls() != 0;
-	bad |= shims_vmm_free(&b) != CUDA_SUCCESS;
+	bad |= vmm_call_free(&b) != CUDA_SUCCESS;
 	fakecuda_set_event_delay(0);
 	fakecuda_complete_all();
 	printf("stream: %s\n", bad ? "FAILED" : "ok");

@@ -20,7 +20,7 @@
  */
 #include "emm_test.h"
 #include "shims_common.h"
-#include "shims_vmm.h"
+#include "vmm_calls.h"
 
 #define MIB	 ((size_t)1 << 20)
 #define NSTREAMS 18 /* XLA's non-blocking streams per GPU */
@@ -38,12 +38,12 @@ static uint64_t vmm_calls(void)
 }
 
 /* XLA's allocation on device 0. */
-static CUresult xla_alloc(struct buf *b, size_t size)
+static CUresult xla_alloc(struct vmm_buf *b, size_t size)
 {
-	CUmemAllocationProp p = shims_vmm_prop(0, CU_MEM_HANDLE_TYPE_NONE);
-	CUmemAccessDesc d = shims_vmm_access(0);
+	CUmemAllocationProp p = vmm_call_prop(0, CU_MEM_HANDLE_TYPE_NONE);
+	CUmemAccessDesc d = vmm_call_access(0);
 
-	return shims_vmm_alloc(b, size, &p, &d, 1);
+	return vmm_call_alloc(b, size, &p, &d, 1);
 }
 
 static void streams_create(CUstream *s, int n)
@@ -62,20 +62,20 @@ TEST_BEGIN(test_idle_streams_get_no_event)
 {
 	enum { ROUNDS = 50 };
 	CUstream s[NSTREAMS];
-	struct buf b;
+	struct vmm_buf b;
 	struct emm_stats st, dst;
 	struct fakecuda_stats f0, f1;
 
 	streams_create(s, NSTREAMS);
 	shims_release_idle(-1, 0);
 	assert_int_eq(xla_alloc(&b, 2 * MIB), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	assert_int_eq(shims_stats(-1, &st), 0);
 	fakecuda_reset_counters();
 	f0 = fake_stats();
 	for (int i = 0; i < ROUNDS; i++) {
 		assert_int_eq(xla_alloc(&b, 2 * MIB), CUDA_SUCCESS);
-		assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+		assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	}
 	f1 = fake_stats();
 	shims_stats_since(&st, &dst);
@@ -98,13 +98,13 @@ TEST_END
 TEST_BEGIN(test_idle_streams_buffer_waits_for_legacy_event)
 {
 	CUstream s[NSTREAMS];
-	struct buf a, b, c;
+	struct vmm_buf a, b, c;
 
 	streams_create(s, NSTREAMS);
 	shims_release_idle(-1, 0);
 	fakecuda_set_event_delay(1000000);
 	assert_int_eq(xla_alloc(&a, 6 * MIB), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&a), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&a), CUDA_SUCCESS);
 	assert_int_eq(xla_alloc(&b, 6 * MIB), CUDA_SUCCESS);
 	expect_true(b.va != a.va);
 	/* The legacy stream's work done: a comes back from the cache. */
@@ -113,8 +113,8 @@ TEST_BEGIN(test_idle_streams_buffer_waits_for_legacy_event)
 	assert_int_eq(xla_alloc(&c, 6 * MIB), CUDA_SUCCESS);
 	expect_u64_eq(c.va, a.va);
 	expect_u64_eq(vmm_calls(), 0);
-	assert_int_eq(shims_vmm_free(&c), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&c), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	fakecuda_set_event_delay(0);
 	fakecuda_complete_all();
 	streams_destroy(s, NSTREAMS);
@@ -125,7 +125,7 @@ TEST_BEGIN(test_busy_stream_holds_buffer)
 {
 	CUstream s[NSTREAMS];
 	CUevent work;
-	struct buf a, b, c, d;
+	struct vmm_buf a, b, c, d;
 	struct fakecuda_stats f0, f1;
 	CUstream busy;
 
@@ -139,7 +139,7 @@ TEST_BEGIN(test_busy_stream_holds_buffer)
 	 * synchronized. */
 	assert_int_eq(cuEventRecord(work, busy), CUDA_SUCCESS);
 	f0 = fake_stats();
-	assert_int_eq(shims_vmm_free(&a), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&a), CUDA_SUCCESS);
 	f1 = fake_stats();
 	expect_u64_eq(f1.event_records - f0.event_records, 2); /* legacy + busy */
 	expect_u64_eq(f1.stream_queries - f0.stream_queries, NSTREAMS);
@@ -156,9 +156,9 @@ TEST_BEGIN(test_busy_stream_holds_buffer)
 	assert_int_eq(xla_alloc(&d, 10 * MIB), CUDA_SUCCESS);
 	expect_u64_eq(d.va, a.va);
 	expect_u64_eq(vmm_calls(), 0);
-	assert_int_eq(shims_vmm_free(&d), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&c), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&d), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&c), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
 	fakecuda_set_event_delay(0);
 	fakecuda_complete_all();
 	assert_int_eq(cuEventDestroy(work), CUDA_SUCCESS);
@@ -172,7 +172,7 @@ TEST_BEGIN(test_global_capture_queries_no_stream)
 {
 	CUstream s[2];
 	CUgraph graph = NULL;
-	struct buf a;
+	struct vmm_buf a;
 	struct emm_stats st, dst;
 	struct fakecuda_stats f0, f1;
 
@@ -182,7 +182,7 @@ TEST_BEGIN(test_global_capture_queries_no_stream)
 	assert_int_eq(shims_stats(-1, &st), 0);
 	f0 = fake_stats();
 	assert_int_eq(cuStreamBeginCapture(s[0], CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-	assert_int_eq(shims_vmm_free(&a), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&a), CUDA_SUCCESS);
 	f1 = fake_stats();
 	expect_u64_eq(f1.stream_queries - f0.stream_queries, 0);
 	expect_u64_eq(f1.event_records - f0.event_records, 0);

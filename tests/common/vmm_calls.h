@@ -1,25 +1,26 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * tests/shims/shims_vmm.h - the VMM call sequences the shim tests make, as
+ * tests/common/vmm_calls.h - the VMM call sequences the tests make, as
  * XLA's platform allocator makes them: a buffer is a reservation, one
  * cuMemCreate handle mapped whole and made accessible; its free unmaps,
- * releases and frees the range. Shared by test_shims_vmm.c and
- * test_shims_multidev.c. Functions are static inline.
+ * releases and frees the range. Shared by the shim tests (tests/shims,
+ * over the test-double driver) and the GPU tests (tests/gpu, C and CUDA
+ * C++). Functions are static inline.
  */
-#ifndef EMM_TESTS_SHIMS_VMM_H
-#define EMM_TESTS_SHIMS_VMM_H
+#ifndef EMM_TESTS_VMM_CALLS_H
+#define EMM_TESTS_VMM_CALLS_H
 
 #include <cuda.h>
 #include <string.h>
 
-struct buf {
+struct vmm_buf {
 	CUdeviceptr va;
 	size_t size;
 	CUmemGenericAllocationHandle h;
 };
 
 /* Pinned device memory on device `dev`, with these shareable handle types. */
-static inline CUmemAllocationProp shims_vmm_prop(int dev, CUmemAllocationHandleType types)
+static inline CUmemAllocationProp vmm_call_prop(int dev, CUmemAllocationHandleType types)
 {
 	CUmemAllocationProp p;
 
@@ -32,7 +33,7 @@ static inline CUmemAllocationProp shims_vmm_prop(int dev, CUmemAllocationHandleT
 }
 
 /* Read and write access for device `dev`. */
-static inline CUmemAccessDesc shims_vmm_access(int dev)
+static inline CUmemAccessDesc vmm_call_access(int dev)
 {
 	CUmemAccessDesc d;
 
@@ -44,7 +45,7 @@ static inline CUmemAccessDesc shims_vmm_access(int dev)
 }
 
 /* XLA's allocation: reserve, create with *p, map, set access d[0..nd). */
-static inline CUresult shims_vmm_alloc(struct buf *b, size_t size, const CUmemAllocationProp *p,
+static inline CUresult vmm_call_alloc(struct vmm_buf *b, size_t size, const CUmemAllocationProp *p,
                                        const CUmemAccessDesc *d, size_t nd)
 {
 	CUresult r;
@@ -60,7 +61,7 @@ static inline CUresult shims_vmm_alloc(struct buf *b, size_t size, const CUmemAl
 }
 
 /* XLA's free: unmap the whole range, release the handle, free the range. */
-static inline CUresult shims_vmm_free(const struct buf *b)
+static inline CUresult vmm_call_free(const struct vmm_buf *b)
 {
 	CUresult r;
 
