@@ -59,15 +59,6 @@ static void fill(void *p, size_t n, unsigned seed, cudaStream_t s)
 	    (unsigned char *)p, n, seed);
 }
 
-static long long release_idle(int device, size_t keep)
-{
-	long long (*fn)(int, size_t);
-	void *sym = dlsym(RTLD_DEFAULT, "emm_release_idle");
-
-	memcpy(&fn, &sym, sizeof(fn));
-	return fn ? fn(device, keep) : -1;
-}
-
 static cuuint64_t pool_attr(cudaMemPool_t pool, cudaMemPoolAttr attr)
 {
 	cuuint64_t v = 0;
@@ -161,7 +152,7 @@ static void check_async_pool(void)
 		emm_test_fail_("pool used %llu < libemm's segments %llu", (unsigned long long)used0,
 		               (unsigned long long)s0.reserved_bytes);
 
-	released = release_idle(0, 0);
+	released = gpu_release_idle(0, 0);
 	CK(cudaDeviceSynchronize());
 	(void)gpu_stats(GPU_SCOPE_DEVICE, &s1);
 	used1 = pool_attr((cudaMemPool_t)pool, cudaMemPoolAttrUsedMemCurrent);

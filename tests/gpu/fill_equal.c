@@ -21,17 +21,6 @@
 
 #define MIB ((size_t)1 << 20)
 
-typedef long long (*release_fn)(int device, size_t keep_bytes);
-
-static release_fn release_idle(void)
-{
-	release_fn fn;
-	void *sym = dlsym(RTLD_DEFAULT, "emm_release_idle");
-
-	memcpy(&fn, &sym, sizeof(fn));
-	return fn;
-}
-
 /* Blocks of `size` cuMemAlloc gives before running out, after giving the
  * cache's idle memory back; *free0: the free bytes before the fill. */
 static size_t fill(size_t size, size_t *free0)
@@ -42,8 +31,7 @@ static size_t fill(size_t size, size_t *free0)
 
 	if (!p)
 		return 0;
-	if (release_idle())
-		release_idle()(0, 0);
+	(void)gpu_release_idle(0, 0);
 	if (cuMemGetInfo(free0, &total) != CUDA_SUCCESS)
 		*free0 = 0;
 	for (;;) {

@@ -22,6 +22,7 @@
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "emm/emm.h"
@@ -53,6 +54,25 @@ static inline gpu_stats_get_fn gpu_stats_fn(void)
 static inline int gpu_emm_present(void)
 {
 	return gpu_stats_fn() != NULL;
+}
+
+/* emm_release_idle found at run time: the bytes it gave back, or -1
+ * without libemm. */
+static inline long long gpu_release_idle(int device, size_t keep_bytes)
+{
+	long long (*fn)(int, size_t);
+	void *sym = dlsym(RTLD_DEFAULT, "emm_release_idle");
+
+	memcpy(&fn, &sym, sizeof(fn));
+	return fn ? fn(device, keep_bytes) : -1;
+}
+
+/* EMM_HOLD_PEAK as the vmm tests expect it: on unless "off" or "0". */
+static inline int gpu_hold_peak_on(void)
+{
+	const char *v = getenv("EMM_HOLD_PEAK");
+
+	return !v || !(strcmp(v, "off") == 0 || strcmp(v, "0") == 0);
 }
 
 /* Where the code at `addr` lives ("?" if unknown): the file of its object. */

@@ -144,15 +144,6 @@ static int child_wait(struct ipc_child *c)
 	return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-static long long release_idle(void)
-{
-	void *sym = dlsym(RTLD_DEFAULT, "emm_release_idle");
-	long long (*rel)(int, size_t);
-
-	memcpy(&rel, &sym, sizeof(rel));
-	return rel ? rel(-1, 0) : -1;
-}
-
 static const char *api_name(void)
 {
 	return use_driver ? "driver" : "runtime";
@@ -273,7 +264,7 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	struct ipc_child c;
 
 	/* An empty pool: every block comes from one fresh small segment. */
-	(void)release_idle();
+	(void)gpu_release_idle(-1, 0);
 	gpu_snap_take(&a);
 	for (int i = 0; i < NBLK; i++) {
 		assert_int_eq(dev_alloc(&d[i], blk_size[i]), 0);
@@ -305,13 +296,13 @@ TEST_BEGIN(test_blocks_shared_with_a_libemm_importer)
 	expect_int_eq(check(d[1], blk_size[1], 2, 1), 0);
 	for (int i = 0; i < NBLK; i++)
 		assert_int_eq(dev_free(d[i]), 0);
-	(void)release_idle();
+	(void)gpu_release_idle(-1, 0);
 	fprintf(c.in, "freed\n");
 	expect_int_eq(child_line(&c, "done", line, sizeof(line)), 0);
 	expect_int_eq(child_wait(&c), 0);
 	/* Every importer closed and left: the segment goes back at the next
 	 * release, and its handles no longer open. */
-	long long released = release_idle();
+	long long released = gpu_release_idle(-1, 0);
 	expect_true(released >= (long long)(2 << 20));
 	char *argv1[] = {(char *)"self", (char *)"open1", (char *)api_name(), hex[0], NULL};
 	ipc_spawn(&c, true, NULL, argv1);

@@ -31,11 +31,10 @@
 #include <string.h>
 
 #include "emm/emm.h"
+#include "gpu_common.h"
 
 #define MIB ((size_t)1 << 20)
 
-typedef int (*stats_fn)(int, struct emm_stats *);
-typedef long long (*release_fn)(int, size_t);
 
 __global__ void fill(uint32_t *p, size_t n)
 {
@@ -66,12 +65,11 @@ __global__ void slow_read(const uint32_t *p, size_t n, unsigned long long ns, un
 	} while (t - t0 < ns);
 }
 
-static struct emm_stats stats(stats_fn fn)
+static struct emm_stats stats(void)
 {
 	struct emm_stats s;
-	memset(&s, 0, sizeof(s));
-	s.struct_size = sizeof(s);
-	fn(0, &s);
+
+	(void)gpu_stats(GPU_SCOPE_DEVICE, &s);
 	return s;
 }
 
@@ -98,19 +96,19 @@ static void read_and_free(void *a, size_t size)
 
 /* Pages or whole segments given back so far (a whole segment's free
  * unmaps too). */
-static uint64_t given_back(stats_fn get)
+static uint64_t given_back(void)
 {
-	struct emm_stats s = stats(get);
+	struct emm_stats s = stats();
 	return s.page_unmaps + s.backend_frees;
 }
 
-static bool finish(const char *phase, stats_fn get, uint64_t unmaps0)
+static bool finish(const char *phase, uint64_t unmaps0)
 {
 	unsigned long long host[2] = {0, 0};
 	cudaError_t e = cudaDeviceSynchronize();
 	if (e == cudaSuccess)
 		e = cudaMemcpy(host, counters, sizeof(host), cudaMemcpyDeviceToHost);
-	uint64_t unmaps = given_back(get);
+	uint64_t unmaps = given_back();
 	printf("vmm-inflight: %s: %s, %llu passes, %llu wrong sums, give-backs %llu -> %llu\n", phase,
 	       cudaGetErrorString(e), host[0], host[1], (unsigned long long)unmaps0, (unsigned long long)unmaps);
 	if (e != cudaSuccess) {
@@ -135,26 +133,23 @@ int main(void)
 		printf("vmm-inflight: no GPU, skipping\n");
 		return 77;
 	}
-	stats_fn get = (stats_fn)dlsym(RTLD_DEFAULT, "emm_stats_get");
-	release_fn rel = (release_fn)dlsym(RTLD_DEFAULT, "emm_release_idle");
-	if (!get || !rel) {
+	if (!gpu_emm_present()) {
 		printf("vmm-inflight: FAIL: libemm is not loaded (LD_PRELOAD=libemm.so, EMM_BACKEND=vmm)\n");
 		return 1;
 	}
 	bool ok = cudaMalloc((void **)&counters, 2 * sizeof(*counters)) == cudaSuccess;
-	const char *hold_env = getenv("EMM_HOLD_PEAK");
-	bool hold = !hold_env || !(strcmp(hold_env, "off") == 0 || strcmp(hold_env, "0") == 0);
+	bool hold = gpu_hold_peak_on();
 
 	/* 1. The held peak's give-back before a growth. */
 	if (ok && hold) {
 		void *a = alloc_filled(64 * MIB), *b = alloc_filled(64 * MIB);
 		ok = a && b && cudaDeviceSynchronize() == cudaSuccess;
-		uint64_t u0 = given_back(get);
+		uint64_t u0 = given_back();
 		if (ok) {
 			read_and_free(a, 64 * MIB);
-			(void)rel(0, (size_t)1 << 60); /* closes the epoch, gives nothing back */
+			(void)gpu_release_idle(0, (size_t)1 << 60); /* closes the epoch, gives nothing back */
 			void *c = alloc_filled(96 * MIB);
-			ok = c && finish("hold-peak", get, u0);
+			ok = c && finish("hold-peak", u0);
 			cudaFree(c);
 		}
 		cudaFree(b);
@@ -164,11 +159,11 @@ int main(void)
 	if (ok) {
 		void *a = alloc_filled(48 * MIB), *b = alloc_filled(16 * MIB);
 		ok = a && b && cudaDeviceSynchronize() == cudaSuccess;
-		uint64_t u0 = given_back(get);
+		uint64_t u0 = given_back();
 		if (ok) {
 			read_and_free(a, 48 * MIB);
-			(void)rel(0, 0);
-			ok = finish("release-idle", get, u0);
+			(void)gpu_release_idle(0, 0);
+			ok = finish("release-idle", u0);
 		}
 		cudaFree(b);
 	}

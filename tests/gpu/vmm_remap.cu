@@ -32,12 +32,11 @@
 #include <string.h>
 
 #include "emm/emm.h"
+#include "gpu_common.h"
 
 #define MIB ((size_t)1 << 20)
 #define NBLK 48
 
-typedef int (*stats_fn)(int, struct emm_stats *);
-typedef long long (*release_fn)(int, size_t);
 
 __global__ void fill(uint32_t *p, size_t n, uint32_t seed)
 {
@@ -52,12 +51,11 @@ __global__ void check(const uint32_t *p, size_t n, uint32_t seed, unsigned long 
 			atomicAdd(bad, 1ull);
 }
 
-static struct emm_stats stats(stats_fn fn)
+static struct emm_stats stats(void)
 {
 	struct emm_stats s;
-	memset(&s, 0, sizeof(s));
-	s.struct_size = sizeof(s);
-	fn(0, &s);
+
+	(void)gpu_stats(GPU_SCOPE_DEVICE, &s);
 	return s;
 }
 
@@ -105,9 +103,7 @@ int main(void)
 		printf("vmm-remap: no GPU, skipping\n");
 		return 77;
 	}
-	stats_fn get = (stats_fn)dlsym(RTLD_DEFAULT, "emm_stats_get");
-	release_fn rel = (release_fn)dlsym(RTLD_DEFAULT, "emm_release_idle");
-	if (!get || !rel) {
+	if (!gpu_emm_present()) {
 		printf("vmm-remap: FAIL: libemm is not loaded (LD_PRELOAD=libemm.so, EMM_BACKEND=vmm)\n");
 		return 1;
 	}
@@ -117,19 +113,18 @@ int main(void)
 	bool ok = cudaMalloc((void **)&bad, sizeof(*bad)) == cudaSuccess;
 
 	/* 0. The peak held (see the top). */
-	const char *hold_env = getenv("EMM_HOLD_PEAK");
-	bool hold = !hold_env || !(strcmp(hold_env, "off") == 0 || strcmp(hold_env, "0") == 0);
+	bool hold = gpu_hold_peak_on();
 	struct blk h[3];
 	memset(h, 0, sizeof(h));
 	ok = ok && alloc_fill(&h[0], 64 * MIB, 11u) && alloc_fill(&h[1], 64 * MIB, 12u);
 	cudaFree(h[0].p);
 	h[0].p = NULL;
 	/* Its epoch closed, its fence passed (nothing released: keep is huge). */
-	(void)rel(0, (size_t)1 << 60);
+	(void)gpu_release_idle(0, (size_t)1 << 60);
 	cudaDeviceSynchronize();
-	(void)rel(0, (size_t)1 << 60);
+	(void)gpu_release_idle(0, (size_t)1 << 60);
 	ok = ok && alloc_fill(&h[2], 96 * MIB, 13u) && verify(h, 3, "after the held growth");
-	struct emm_stats sh = stats(get);
+	struct emm_stats sh = stats();
 	printf("vmm-remap: held peak %s: peak mapped %.1f MiB (64 + 64 MiB, one freed, then 96 MiB)\n",
 	       hold ? "on" : "off", sh.reserved_bytes_peak / (double)MIB);
 	if (hold && sh.reserved_bytes_peak >= 200 * MIB) {
@@ -142,14 +137,14 @@ int main(void)
 	for (int i = 0; ok && i < NBLK; i++)
 		ok = alloc_fill(&b[i], sizes[i % 6], 1000u + i);
 	ok = ok && verify(b, NBLK, "after the first fill");
-	struct emm_stats s0 = stats(get);
+	struct emm_stats s0 = stats();
 
 	for (int i = 0; i < NBLK; i += 2) {
 		cudaFree(b[i].p);
 		b[i].p = NULL;
 	}
-	long long given = rel(0, 0);
-	struct emm_stats s1 = stats(get);
+	long long given = gpu_release_idle(0, 0);
+	struct emm_stats s1 = stats();
 	ok = ok && verify(b, NBLK, "after give-back (live neighbours of unmapped pages)");
 
 	for (int i = 0; ok && i < NBLK; i += 2)
@@ -163,11 +158,11 @@ int main(void)
 		cudaFree(b[i].p);
 		b[i].p = NULL;
 	}
-	given += rel(0, 0);
+	given += gpu_release_idle(0, 0);
 	for (int i = 0; ok && i < NBLK + 8; i += 3)
 		ok = alloc_fill(&b[i], sizes[i % 6] + 2 * MIB, 4000u + i);
 	ok = ok && verify(b, NBLK + 8, "after the second round");
-	struct emm_stats s2 = stats(get);
+	struct emm_stats s2 = stats();
 	for (int i = 0; i < NBLK + 8; i++)
 		if (b[i].p)
 			cudaFree(b[i].p);
