@@ -204,18 +204,27 @@ static void gone_mode(void)
 	CHECK(fakecuda_calls("cuDevicePrimaryCtxRetain") == 0);
 }
 
+/* A first block (*a) that loads the tool, then a capture in `mode` begun
+ * on a new non-blocking stream. */
+static CUstream capture_begin(CUdeviceptr *a, CUstreamCaptureMode mode)
+{
+	CUstream s;
+
+	CHECK(cuMemAlloc(a, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
+	CHECK(cuStreamBeginCapture(s, mode) == CUDA_SUCCESS);
+	return s;
+}
+
 /* Blocks served during a global-mode capture (a miss: a new segment too)
  * are annotated like others: the tool's own driver calls are not refused. */
 static void capture_mode(void)
 {
-	CUstream s;
 	CUgraph g = NULL;
 	CUdeviceptr a, b;
+	CUstream s = capture_begin(&a, CU_STREAM_CAPTURE_MODE_GLOBAL);
 
-	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
-	find_tool();
-	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-	CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
 	CHECK(cuMemAlloc(&b, 30u << 20) == CUDA_SUCCESS); /* a miss: a segment */
 	CHECK(cuStreamEndCapture(s, &g) == CUDA_SUCCESS && g);
 	CHECK(heap(b) != 0 && region(b) == 30u << 20);
@@ -231,14 +240,10 @@ static void capture_mode(void)
  * the graph is destroyed and the block returns to its heap. */
 static void quarantine_mode(void)
 {
-	CUstream s;
 	CUgraph g = NULL;
 	CUdeviceptr a, b;
+	CUstream s = capture_begin(&a, CU_STREAM_CAPTURE_MODE_RELAXED);
 
-	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
-	find_tool();
-	CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS);
-	CHECK(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS);
 	CHECK(cuMemAlloc(&b, 4096) == CUDA_SUCCESS);
 	CHECK(cuMemFree(b) == CUDA_SUCCESS); /* quarantined */
 	CHECK(region(b) == 4096);
