@@ -407,10 +407,9 @@ int emm_api_release_idle(int device, size_t keep_bytes, long long *ret_released)
 
 	/* A thread with no current context (a framework's worker, Python
 	 * without the preload) releases through a context of the device: the
-	 * epoch fences closed on the way are recorded in it. First the heaps
-	 * of primary contexts released behind our back go (retaining the
-	 * primary again would hide that their memory is gone). */
-	st_drop_inactive_primaries();
+	 * epoch fences closed on the way are recorded in it; a primary context
+	 * released behind our back is not brought back for that (its heaps
+	 * are dropped in emm_state_release_idle). */
 	if (st_real_table()->cuCtxGetDevice && device >= -1 && enter_device(device, &pushed, false) < 0)
 		pushed = false;
 	r = emm_state_release_idle(device, keep_bytes, ret_released);

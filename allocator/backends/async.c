@@ -325,12 +325,9 @@ static bool release_in_primary(struct async_state *st, const struct ctx_calls *c
 {
 	CUdevice dev = (CUdevice)st->device;
 	CUcontext primary = NULL, popped = NULL;
-	unsigned int flags = 0;
-	int active = 0;
 	bool done = false;
 
-	if (!c->push || !c->pop || !c->primary_state || !c->primary_retain || !c->primary_release ||
-	    c->primary_state(dev, &flags, &active) != CUDA_SUCCESS || !active ||
+	if (!c->push || !c->pop || !c->primary_retain || !c->primary_release || !primary_active(st, c) ||
 	    c->primary_retain(&primary, dev) != CUDA_SUCCESS)
 		return false;
 	if (c->push(primary) == CUDA_SUCCESS) {
