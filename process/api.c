@@ -99,8 +99,6 @@ static int enter_device(int device, bool *pushed, bool activate)
 	const struct emm_state_real_extra *x = st_real_extra();
 	CUdevice cur, dev = device < 0 ? 0 : device;
 	CUcontext ctx = NULL;
-	unsigned int flags = 0;
-	int active = 0;
 
 	if (device >= API_MAX_DEVICES || !real->cuCtxGetDevice)
 		return -ENODEV;
@@ -109,8 +107,7 @@ static int enter_device(int device, bool *pushed, bool activate)
 	    real->cuCtxGetDevice(&cur) == CUDA_SUCCESS && (device < 0 || cur == device))
 		return 0;
 	if (!activate && atomic_load_explicit(&primary_ctx[dev], memory_order_acquire) == NULL &&
-	    (!real->cuDevicePrimaryCtxGetState ||
-	     real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active))
+	    st_primary_state(dev) != 1)
 		return -ENODEV;
 	ctx = retain_primary(dev);
 	if (!ctx || !x->cuCtxPushCurrent_v2 || !x->cuCtxPopCurrent_v2 || x->cuCtxPushCurrent_v2(ctx) != CUDA_SUCCESS)

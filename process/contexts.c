@@ -96,14 +96,9 @@ static bool is_primary_context(CUcontext ctx, CUdevice dev)
 {
 	const struct emm_real_driver_table *real = st_real_table();
 	const struct emm_state_real_extra *x = st_real_extra();
-	unsigned int flags = 0;
-	int active = 0;
 	CUcontext primary = NULL;
 
-	if (!real->cuDevicePrimaryCtxGetState || !x->cuDevicePrimaryCtxRetain ||
-	    !real->cuDevicePrimaryCtxRelease_v2)
-		return false;
-	if (real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS || !active)
+	if (!x->cuDevicePrimaryCtxRetain || !real->cuDevicePrimaryCtxRelease_v2 || st_primary_state(dev) != 1)
 		return false;
 	if (x->cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS)
 		return false;

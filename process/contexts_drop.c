@@ -133,6 +133,17 @@ void emm_state_primary_reset(CUdevice dev)
 	emm_state_current_changed(true);
 }
 
+int st_primary_state(CUdevice dev)
+{
+	const struct emm_real_driver_table *real = st_real_table();
+	unsigned int flags = 0;
+	int active = 0;
+
+	if (!real->cuDevicePrimaryCtxGetState || real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+		return -1;
+	return active ? 1 : 0;
+}
+
 /* Primary contexts reset through our shims, remembered under a tool only:
  * the runtime leaves a reset primary current until its next call retains
  * it, and a lookup meanwhile must not ask the driver for the dead
@@ -158,10 +169,8 @@ static void note_reset_primary(CUcontext ctx, CUdevice dev)
 
 bool st_primary_still_reset(CUcontext ctx)
 {
-	const struct emm_real_driver_table *real = st_real_table();
-	unsigned int flags = 0;
-	int active = 1;
 	CUdevice dev = -1;
+	int state;
 	unsigned i, n = sizeof(reset_primaries) / sizeof(reset_primaries[0]);
 
 	pthread_mutex_lock(&reset_lock);
@@ -170,16 +179,15 @@ bool st_primary_still_reset(CUcontext ctx)
 	if (i < n)
 		dev = reset_primaries[i].dev;
 	pthread_mutex_unlock(&reset_lock);
-	if (i == n || !real->cuDevicePrimaryCtxGetState ||
-	    real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
+	if (i == n || (state = st_primary_state(dev)) < 0)
 		return false;
-	if (active) { /* retained again: the same handle, a live context */
+	if (state == 1) { /* retained again: the same handle, a live context */
 		pthread_mutex_lock(&reset_lock);
 		if (reset_primaries[i].ctx == ctx)
 			reset_primaries[i].ctx = NULL;
 		pthread_mutex_unlock(&reset_lock);
 	}
-	return !active;
+	return state == 0;
 }
 
 CUcontext emm_state_primary_resetting(CUdevice dev)
@@ -201,14 +209,7 @@ CUcontext emm_state_primary_resetting(CUdevice dev)
 
 void emm_state_primary_released(CUdevice dev)
 {
-	const struct emm_real_driver_table *real = st_real_table();
-	unsigned int flags = 0;
-	int active = 1;
-
-	if (st_is_exiting() || !real->cuDevicePrimaryCtxGetState ||
-	    real->cuDevicePrimaryCtxGetState(dev, &flags, &active) != CUDA_SUCCESS)
-		return;
-	if (!active)
+	if (!st_is_exiting() && st_primary_state(dev) == 0)
 		emm_state_primary_reset(dev);
 }
 

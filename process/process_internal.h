@@ -339,6 +339,9 @@ struct ctx_entry *st_heap_entry(const emm_heap_t *heap);
  * package, without the preload, whose framework released the context), so
  * that a release of idle memory makes no driver call in a dead context. */
 void st_drop_inactive_primaries(void);
+/* The primary context of `dev`: 1 active, 0 inactive (released or reset:
+ * its memory is gone), -1 unknown (the driver did not answer). */
+int st_primary_state(CUdevice dev);
 /* Under a tool: `ctx` is a primary context reset through our shims and not
  * retained since (contexts_drop.c). */
 bool st_primary_still_reset(CUcontext ctx);
