@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -148,6 +149,33 @@ static inline bool race_require_emm(bool allow_missing)
 static inline bool race_emm_active(void)
 {
 	return race_emm_stats_fn() != NULL && !race_env_true("EMM_DISABLE");
+}
+
+/* The value libemm runs with for option `name` (e.g. "EMM_BACKEND"), from
+ * emm_settings, and in *source where it came from ("default", "env" or
+ * "invalid"); "" without libemm or when the option is not listed. */
+static inline std::string race_setting(const char *name, std::string *source = NULL)
+{
+	typedef size_t (*settings_fn)(char *, size_t);
+	settings_fn f = (settings_fn)dlsym(RTLD_DEFAULT, "emm_settings");
+	if (!f)
+		return "";
+	std::string all(f(NULL, 0) + 1, '\0');
+	f(&all[0], all.size());
+	std::string key = std::string(name) + "=";
+	for (size_t at = 0; at < all.size();) {
+		size_t end = all.find('\n', at);
+		if (end == std::string::npos)
+			end = all.size();
+		size_t tab = all.find('\t', at);
+		if (all.compare(at, key.size(), key) == 0 && tab != std::string::npos && tab < end) {
+			if (source)
+				*source = all.substr(tab + 1, end - tab - 1);
+			return all.substr(at + key.size(), tab - at - key.size());
+		}
+		at = end + 1;
+	}
+	return "";
 }
 
 /* The counters of `device` (-1 process, -2 pinned host); zeroes without

@@ -151,9 +151,17 @@ int main(int argc, char **argv)
 			rc = 1;
 		}
 		if (assert_rates) {
-			if (!(ev_rate < 0.1)) {
-				printf("FAIL: events_recorded / pairs = %.4f, want < 0.1 (an event per pair or so)\n",
-				       ev_rate);
+			/* A free epoch closes after 32 frees by default; vmm's
+			 * page-granular heaps close theirs after 8 (memory over
+			 * events: issue 9's peak), unless EMM_EPOCH_BLOCKS says. */
+			double max_rate = 0.1;
+			std::string quota_from;
+			race_setting("EMM_EPOCH_BLOCKS", &quota_from);
+			if (race_setting("EMM_BACKEND") == "vmm" && quota_from != "env")
+				max_rate = 0.25;
+			if (!(ev_rate < max_rate)) {
+				printf("FAIL: events_recorded / pairs = %.4f, want < %.2f (not an event per pair)\n",
+				       ev_rate, max_rate);
 				rc = 1;
 			}
 			if (d.host_waits != 0) {
