@@ -34,6 +34,7 @@ static const struct shim_entry shim_table[] = {
     SHIM(cuCtxCreate_v3),
     SHIM(cuCtxCreate_v4),
     SHIM(cuCtxDestroy_v2),
+    SHIM(cuCtxEnablePeerAccess),
     SHIM(cuCtxPopCurrent),
     SHIM(cuCtxPopCurrent_v2),
     SHIM(cuCtxPushCurrent),

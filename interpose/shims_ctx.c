@@ -7,7 +7,9 @@
  * context may have changed, so the thread's context cache asks the driver
  * again at its next lookup (process/contexts.c explains when a cached
  * lookup may skip the driver). Destroying and resetting contexts are in
- * shims_stream.c (they also drop the context's heaps).
+ * shims_stream.c (they also drop the context's heaps). cuCtxEnablePeerAccess
+ * is here too: a memory checker's annotations of the peer's blocks must
+ * stop once the current context can reach them (process/annotate_peer.c).
  */
 #include <cuda.h>
 
@@ -35,6 +37,7 @@ typedef CUresult (*pop_fn)(CUcontext *);
 typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
 typedef CUresult (*create_v3_fn)(CUcontext *, CUexecAffinityParam *, int, unsigned int, CUdevice);
 typedef CUresult (*create_v4_fn)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+typedef CUresult (*peer_fn)(CUcontext, unsigned int);
 
 EMM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
 {
@@ -81,4 +84,17 @@ EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *c
                                            CUdevice dev)
 {
 	FORWARD(create_v4_fn, "cuCtxCreate_v4", pctx, ctxCreateParams, flags, dev);
+}
+
+EMM_EXPORT CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	peer_fn real = (peer_fn)emm_real_driver("cuCtxEnablePeerAccess");
+	CUresult r;
+
+	if (!real)
+		return CUDA_ERROR_NOT_INITIALIZED;
+	r = real(peer, flags);
+	if ((r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) && emm_state_enabled())
+		emm_state_peer_access_enabled(peer);
+	return r;
 }

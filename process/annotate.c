@@ -33,6 +33,17 @@
  * allocations a heap of NVTX_MEM_TYPE_VIRTUAL_ADDRESS describes (UVA: a
  * kernel reaches pinned memory at its host address), so memcheck checks a
  * kernel's access to a pinned block against its region.
+ * Each kind of heap (device segments, pinned host segments) is offered to
+ * the tool until it refuses one: compute-sanitizer (CUDA 13.0) refuses
+ * every heap of the vmm and async backends, and each refusal is a warning
+ * in its error count, so after the first the kind is left alone. Freed VMM
+ * buffers are not annotated at all: the tool takes no VMM range as a heap
+ * (probe-nvtx-heaps), so under a memory checker the VMM cache is off and
+ * each free reaches the driver (vmm_idle.c). The tool does not see a
+ * kernel's access to a region of another device's heap (probe-nvtx-peer:
+ * every peer read is reported), so once peer access to a device is
+ * enabled, its heaps are dropped and its blocks no longer annotated
+ * (annotate_peer.c).
  * No NVTX call is made under a lock: a tool's handler may call the driver.
  * For the same reason each is made in relaxed capture mode (as a segment's
  * backend calls are, capture.c): during a global-mode capture the tool's
@@ -167,7 +178,40 @@ static bool refused_has(uint64_t heap, bool take)
 	return found;
 }
 
-static void heap_register(uint64_t addr, size_t size)
+/* --- kinds of heap the tool takes, devices left alone ------------------- */
+
+enum { KIND_UNKNOWN, KIND_TAKEN, KIND_REFUSED };
+/* [0] device segments, [1] pinned host segments (device -2) */
+static atomic_int kind_state[2];
+/* Devices (ordinal < 64) whose heaps are no longer annotated (peer access). */
+static atomic_uint_fast64_t devices_off;
+
+static atomic_int *kind_of(int device)
+{
+	return &kind_state[device == -2];
+}
+
+bool st_annotate_device_off(int device)
+{
+	return device >= 0 && device < 64 &&
+	       (atomic_load_explicit(&devices_off, memory_order_relaxed) >> device & 1);
+}
+
+bool st_annotate_set_device_off(int device)
+{
+	uint_fast64_t bit = (uint_fast64_t)1 << device;
+
+	return device >= 0 && device < 64 && !(atomic_fetch_or(&devices_off, bit) & bit);
+}
+
+/* Whether heaps of `device` (-2: pinned host) are offered to the tool. */
+static bool annotated(int device)
+{
+	return atomic_load_explicit(kind_of(device), memory_order_relaxed) != KIND_REFUSED &&
+	       !st_annotate_device_off(device);
+}
+
+static void heap_register(uint64_t addr, size_t size, int device)
 {
 	nvtxMemVirtualRangeDesc_t range = {.size = size, .ptr = (const void *)(uintptr_t)addr};
 	nvtxMemHeapDesc_t desc = {
@@ -187,12 +231,20 @@ static void heap_register(uint64_t addr, size_t size)
 
 	/* A heap of virtual addresses is named by its address (the header's
 	 * contract); the unregister and the regions rely on it. */
-	if (h == (nvtxMemHeapHandle_t)(uintptr_t)addr)
+	int unknown = KIND_UNKNOWN;
+	if (h == (nvtxMemHeapHandle_t)(uintptr_t)addr) {
+		atomic_compare_exchange_strong(kind_of(device), &unknown, KIND_TAKEN);
 		return;
-	pthread_mutex_lock(&pieces_lock);
-	if (n_refused < MAX_REFUSED)
-		refused[n_refused++] = addr;
-	pthread_mutex_unlock(&pieces_lock);
+	}
+	/* The first of its kind refused: none of that kind is tried again
+	 * (and none was taken, so no unregister is owed). A refusal after
+	 * the kind was taken is remembered by address. */
+	if (!atomic_compare_exchange_strong(kind_of(device), &unknown, KIND_REFUSED)) {
+		pthread_mutex_lock(&pieces_lock);
+		if (n_refused < MAX_REFUSED)
+			refused[n_refused++] = addr;
+		pthread_mutex_unlock(&pieces_lock);
+	}
 	if (!atomic_exchange(&warned, true))
 		emm_warn("annotations: the memory checker refused segment %#llx (%zu bytes) as a heap (it answered %p): "
 		         "the %s backend's blocks are not annotated, so it cannot see errors inside them; "
@@ -211,30 +263,37 @@ static void heap_unregister(uint64_t addr)
 	}
 }
 
-void st_annotate_heap_slow(uint64_t addr, size_t size, bool add)
+void st_annotate_heap_drop(uint64_t addr, size_t size)
 {
 	uint64_t piece;
 
-	if (add) {
-		heap_register(addr, size);
-		return;
-	}
 	while (piece_take(addr, size, &piece))
 		heap_unregister(piece);
 	heap_unregister(addr);
 }
 
+void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device)
+{
+	if (!annotated(device))
+		return;
+	if (add)
+		heap_register(addr, size, device);
+	else
+		st_annotate_heap_drop(addr, size);
+}
+
 /* The grown part [addr+old_size, addr+new_size) of a segment: a heap of its
  * own (the tool's heaps cannot grow). */
-void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size)
+void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size, int device)
 {
-	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || new_size <= old_size)
+	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || new_size <= old_size ||
+	    !annotated(device))
 		return;
 	if (!piece_add(addr + old_size, new_size - old_size)) {
 		emm_warn("annotations: more than %u grown segment pieces; the rest go unannotated", MAX_PIECES);
 		return;
 	}
-	heap_register(addr + old_size, new_size - old_size);
+	heap_register(addr + old_size, new_size - old_size, device);
 }
 
 /* The heap a block lies in: its segment, or the grown piece holding it. */
@@ -255,7 +314,8 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 	/* Only the start of a live block of the space the call names: a bad
 	 * free (or a cuMemFreeHost of a device block) is the driver's error,
 	 * not an unregister of a region the tool never saw or still needs. */
-	if (emm_heap_find_block(addr, &b) != 0 || b.base != addr || emm_state_heap_is_pinned(b.heap) != pinned)
+	if (emm_heap_find_block(addr, &b) != 0 || b.base != addr || emm_state_heap_is_pinned(b.heap) != pinned ||
+	    !annotated(emm_heap_device(b.heap)))
 		return;
 	uint64_t heap = heap_of(addr, b.segment_base);
 

@@ -50,11 +50,18 @@ static inline void st_annotate_ensure_probed(void)
 		st_annotate_probe();
 }
 
-void st_annotate_heap_slow(uint64_t addr, size_t size, bool add);
+void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device);
 void st_annotate_block_slow(uint64_t addr, bool add, bool pinned);
-/* The part [addr+old_size, addr+new_size) a segment grew by (a heap of its
- * own: the tool's heaps do not grow); the segment's free unregisters it. */
-void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size);
+/* The part [addr+old_size, addr+new_size) a segment of `device` grew by (a
+ * heap of its own: the tool's heaps do not grow); the segment's free
+ * unregisters it. */
+void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size, int device);
+/* The heap at addr and its grown pieces unregistered, whatever its device. */
+void st_annotate_heap_drop(uint64_t addr, size_t size);
+/* Device `device`'s heaps and blocks are no longer annotated (peer access
+ * enabled to it, annotate_peer.c): true for the call that turned it off. */
+bool st_annotate_set_device_off(int device);
+bool st_annotate_device_off(int device);
 
 /* At exit, with a tool attached only (a debugging run): idle segments go
  * back to the backend before the tool's leak check, so that
@@ -63,22 +70,12 @@ void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size);
  * runtime's teardown (state.c), so the driver is still there. */
 void st_annotate_exit(void);
 
-/* A whole VMM buffer the program freed and libemm keeps mapped for reuse
- * (vmm_idle.c): a heap with no region while it is idle (add), so that any
- * access to it is reported as to freed memory; gone (remove) when it goes
- * back to a program or is unmapped for real. */
-static inline void st_annotate_idle_buffer(uint64_t addr, size_t size, bool add)
-{
-	if (EMM_UNLIKELY(atomic_load_explicit(&st_annotate_on, memory_order_relaxed)))
-		st_annotate_heap_slow(addr, size, add);
-}
-
-/* A segment [addr, addr+size), device or pinned host, came from the
+/* A segment [addr, addr+size) of `device` (-2: pinned host) came from the
  * backend (add) or is going back to it. */
-static inline void st_annotate_heap(uint64_t addr, size_t size, bool add)
+static inline void st_annotate_heap(uint64_t addr, size_t size, bool add, int device)
 {
 	if (EMM_UNLIKELY(atomic_load_explicit(&st_annotate_on, memory_order_relaxed)))
-		st_annotate_heap_slow(addr, size, add);
+		st_annotate_heap_slow(addr, size, add, device);
 }
 
 /* The block starting at addr, live in a heap, was handed to the program

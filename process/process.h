@@ -296,6 +296,11 @@ void emm_state_primary_reset(CUdevice dev);
  * of ours for it is stale (reset behind our back, e.g. by cudaDeviceReset). */
 void emm_state_primary_retaining(CUdevice dev);
 
+/* The current context gained access to `peer`'s memory
+ * (cuCtxEnablePeerAccess): under a memory checker, the peer device's blocks
+ * stop being annotated (annotate_peer.c). */
+void emm_state_peer_access_enabled(CUcontext peer);
+
 /* The calling thread's current context changed through a shim (set, push,
  * pop, create, cudaSetDevice), or, with `every_thread`, any thread's may
  * have (a destroy, a reset): the context caches ask the driver again. */

@@ -296,6 +296,7 @@ static void driver_table_init(void)
 	*(void **)&driver_table.cuGetProcAddress_v1 = emm_real_driver("cuGetProcAddress");
 	LOAD(cuCtxGetCurrent);
 	LOAD(cuCtxGetDevice);
+	LOAD(cuCtxGetDevice_v2);
 	LOAD(cuCtxSynchronize);
 	LOAD(cuDevicePrimaryCtxGetState);
 	LOAD(cuMemAlloc_v2);

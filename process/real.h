@@ -71,6 +71,7 @@ struct emm_real_driver_table {
 	CUresult (*cuGetProcAddress_v1)(const char *, void **, int, cuuint64_t);
 	CUresult (*cuCtxGetCurrent)(CUcontext *);
 	CUresult (*cuCtxGetDevice)(CUdevice *);
+	CUresult (*cuCtxGetDevice_v2)(CUdevice *, CUcontext); /* CUDA 13: any context's device */
 	CUresult (*cuCtxSynchronize)(void);
 	CUresult (*cuDevicePrimaryCtxGetState)(CUdevice, unsigned int *, int *);
 	CUresult (*cuMemAlloc_v2)(CUdeviceptr *, size_t);

@@ -128,7 +128,7 @@ int st_segment_alloc(struct ctx_entry *e, bool host, unsigned flags, size_t size
 	}
 	st_annotate_ensure_probed(); /* a context exists now, as a tool requires */
 	if (ret == 0) /* pinned segments too: kernels reach them through UVA */
-		st_annotate_heap(*ret_addr, size, true);
+		st_annotate_heap(*ret_addr, size, true, host ? -2 : e->device);
 	if (ret == 0 && !host && st_snapshot_on)
 		st_snapshot_note(EMM_SNAP_SEGMENT_ALLOC, *ret_addr, size, backend_stream(stream));
 	return ret;
@@ -145,7 +145,7 @@ int st_segment_free(struct ctx_entry *e, bool host, emm_addr_t addr, size_t size
 		return 0; /* the driver frees everything with the process */
 	st_assert_unlocked("a backend segment free");
 	/* Gone from the program either way: a memory checker forgets it. */
-	st_annotate_heap(addr, size, false);
+	st_annotate_heap(addr, size, false, host ? -2 : e->device);
 	/* A segment with IPC exports stays allocated (ipc_export.c). */
 	if (!host && st_ipc_keep_segment(e, addr, size))
 		return 0;
@@ -212,7 +212,7 @@ static int st_device_segment_grow(void *state, emm_addr_t seg, size_t old_size, 
 	int ret = page_call(state, PAGE_GROW, seg, old_size, new_size, 0);
 
 	if (ret == 0)
-		st_annotate_heap_grow(seg, old_size, new_size);
+		st_annotate_heap_grow(seg, old_size, new_size, ((struct ctx_entry *)state)->device);
 	return ret;
 }
 

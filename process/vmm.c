@@ -45,7 +45,6 @@
 
 #include "allocator/trace.h"
 #include "common/log.h"
-#include "process/annotate.h"
 #include "process/process_internal.h"
 #include "process/vmm_internal.h"
 
@@ -133,20 +132,15 @@ static bool deferrable(const struct vbuf *v)
 
 /* An idle buffer (taken by vmm_idle_take_locked) now on its way back to
  * this thread's program: the first step `l` of the sequence seen, the
- * rest pending. Lock held. True when the caller must remove the idle
- * buffer's annotation (st_annotate_idle_buffer) once unlocked. */
-static bool claim_idle_locked(struct vbuf *v, unsigned l)
+ * rest pending. Lock held. */
+static void claim_idle_locked(struct vbuf *v, unsigned l)
 {
-	bool annotated = v->annotated;
-
-	v->annotated = false;
 	v->l = l;
 	v->owner = vmm_thread_id();
 	v->busy = false;
 	vmm_list_add_locked(v, VB_PENDING);
 	vmm_reaper_kick_locked();
 	pthread_cond_broadcast(&vmm_busy_cond);
-	return annotated; /* the caller removes its heap, unlocked */
 }
 
 /* --- the calls ----------------------------------------------------------- */
@@ -156,7 +150,6 @@ int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long l
 	struct vmm_batch b = {.n = 0};
 	struct vbuf *hit = NULL;
 	CUdeviceptr va = 0;
-	bool annotated = false;
 	CUcontext ctx;
 
 	if (!cache_on() || !vmm_tracked())
@@ -187,15 +180,13 @@ int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long l
 		vmm_take_own_pending(&b, NULL);
 	}
 	if (hit) {
-		annotated = claim_idle_locked(hit, L_RESERVED);
+		claim_idle_locked(hit, L_RESERVED);
 		va = hit->va;
 	}
 	st_unlock(&vmm_lock);
 	vmm_batch_run(&b);
 	if (!hit)
 		return 0;
-	if (annotated)
-		st_annotate_idle_buffer(va, size, false);
 	*ret_va = va;
 	return 1;
 }
@@ -215,9 +206,7 @@ int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long l
 	struct vmm_batch b = {.n = 0};
 	struct vbuf *hit = NULL;
 	CUmemGenericAllocationHandle h = 0;
-	CUdeviceptr va = 0;
 	uint64_t self = vmm_thread_id();
-	bool annotated = false;
 	CUcontext ctx;
 	int device = 0;
 
@@ -239,19 +228,16 @@ int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long l
 		 * cuMemAddressReserve then takes its range. */
 		hit = vmm_idle_take_locked(size, 0, ctx, prop);
 		if (hit)
-			annotated = claim_idle_locked(hit, L_CREATED);
+			claim_idle_locked(hit, L_CREATED);
 	}
 	if (hit) {
 		h = hit->handle;
 		device = hit->device;
-		va = hit->va;
 	}
 	st_unlock(&vmm_lock);
 	vmm_batch_run(&b);
 	if (!hit)
 		return 0;
-	if (annotated)
-		st_annotate_idle_buffer(va, size, false);
 	vmm_count(VC_ALLOCS, device, 1);
 	vmm_count(VC_HITS, device, 1);
 	vmm_count(VC_HIT_BYTES, device, size);

@@ -10,7 +10,6 @@
 #include <stdlib.h>
 
 #include "common/log.h"
-#include "process/annotate.h"
 #include "process/process_internal.h"
 #include "process/vmm_internal.h"
 
@@ -107,10 +106,6 @@ void vmm_materialize(struct vbuf *v)
 	struct emm_fence_ops ops;
 
 	st_assert_unlocked("making a deferred VMM operation real");
-	if (v->annotated) {
-		v->annotated = false;
-		st_annotate_idle_buffer(v->va, v->size, false);
-	}
 	if (p != l && vm->cuMemUnmap && vm->cuMemMap && vm->cuMemRelease && vm->cuMemAddressFree) {
 		if ((p & L_MAPPED) && !(l & L_MAPPED)) {
 			real_call("cuMemUnmap", vm->cuMemUnmap(v->va, v->size), v);

@@ -213,20 +213,17 @@ static size_t release_idle(int device, size_t keep);
 void vmm_make_idle(struct vbuf *v)
 {
 	size_t threshold = st_opts->release_threshold, idle;
-	bool annotated;
 
 	st_assert_unlocked("fencing a freed VMM buffer");
-	if (st_is_exiting() || fences_record(v) < 0) {
+	/* Under a memory checker the free reaches the driver: the checker
+	 * takes no VMM range as a heap (annotate.c), so a buffer kept mapped
+	 * would hide a use after free that it reports without libemm. */
+	st_annotate_ensure_probed();
+	if (st_is_exiting() || atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || fences_record(v) < 0) {
 		vmm_materialize(v);
 		return;
 	}
-	/* Before it can be taken (busy until listed): freed, for a checker. */
-	st_annotate_ensure_probed();
-	annotated = atomic_load_explicit(&st_annotate_on, memory_order_relaxed);
-	if (annotated)
-		st_annotate_heap_slow(v->va, v->size, true);
 	st_lock(&vmm_lock);
-	v->annotated = annotated;
 	v->busy = false;
 	vmm_list_add_locked(v, VB_IDLE);
 	vmm_reaper_kick_locked(); /* it gives back what stays idle (IDLE_MS) */

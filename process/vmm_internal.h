@@ -61,7 +61,6 @@ struct vbuf {
 	bool access_set;   /* physically: the program's cuMemSetAccess ran */
 	bool nocache;	   /* live, but never deferred (see vmm.c) */
 	bool busy;
-	bool annotated;	   /* idle, a heap with no region for a memory checker */
 	uint64_t owner;	   /* thread (vmm_thread_id) of the last logical step */
 	uint64_t since_ns; /* pending or idle since (CLOCK_MONOTONIC) */
 	/* idle: completion markers of the work issued before the free */

@@ -25,22 +25,13 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#define NVTX_AS_SYSTEM_HEADER
-#include <nvtx3/nvToolsExtMem.h>
+#include "probe_nvtx.h"
 
 static void probe(const char *name, CUdeviceptr p, size_t size)
 {
-	nvtxMemVirtualRangeDesc_t range = {.size = size, .ptr = (const void *)(uintptr_t)p};
-	nvtxMemHeapDesc_t desc = {};
-	desc.extCompatID = NVTX_EXT_COMPATID_MEM;
-	desc.structSize = sizeof(desc);
-	desc.usage = NVTX_MEM_HEAP_USAGE_TYPE_SUB_ALLOCATOR;
-	desc.type = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-	desc.typeSpecificDescSize = sizeof(range);
-	desc.typeSpecificDesc = &range;
 	printf("CASE %s\n", name);
 	fflush(stdout);
-	nvtxMemHeapHandle_t h = nvtxMemHeapRegister(NULL, &desc);
+	nvtxMemHeapHandle_t h = probe_heap_register((const void *)(uintptr_t)p, size);
 	bool ok = h == (nvtxMemHeapHandle_t)(uintptr_t)p;
 	printf("PROBE %s %s\n", name, ok ? "accepted" : "refused");
 	fflush(stdout);

@@ -13,9 +13,16 @@
  *           at exit: libemm's exit handler gives them back before the tool's
  *           leak check, so only the leaked block's heap and region are
  *           live (FAKE_NVTX_EXIT_HEAPS=1: the fake tool checks at exit).
- *   vmm   - a whole VMM buffer the program freed and libemm keeps mapped
- *           is a heap with no region while idle (any access is to freed
- *           memory), and not once it is handed back or given back.
+ *   vmm   - under a memory checker a freed VMM buffer goes back to the
+ *           driver at once (the checker takes no VMM range as a heap, so
+ *           one kept mapped would hide a use after free): no heap call, no
+ *           cache hit for the next buffer.
+ *   peer  - two devices: once device 0's context enables peer access to
+ *           device 1 (the checker does not see a peer's access to another
+ *           device's region), device 1's heaps go and its blocks get no
+ *           more calls; device 0's stay annotated.
+ *   refused - (FAKE_NVTX_REFUSE_DEVICE=1) the first device heap refused,
+ *           no other device heap is offered; pinned ones still are.
  *   gone  - the primary context released behind libemm's back (as a
  *           program using libemm's package without the preload does at
  *           exit): giving the idle cache back makes no call in it.
@@ -140,11 +147,18 @@ static void refused_mode(void)
 	CUdeviceptr a, b;
 	void *host;
 
+	CUdeviceptr big;
+
 	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
 	find_tool();
 	CHECK(count(HEAP_REGS) == 1 && count(HEAPS) == 0);
 	CHECK(cuMemAlloc(&b, 2000) == CUDA_SUCCESS);
 	CHECK(count(REGION_REGS) == 0);
+	/* Another segment: the kind was refused, it is not offered (each
+	 * refusal is a warning in the tool's error count). */
+	CHECK(cuMemAlloc(&big, 30u << 20) == CUDA_SUCCESS);
+	CHECK(count(HEAP_REGS) == 1);
+	CHECK(cuMemFree(big) == CUDA_SUCCESS);
 	CHECK(cuMemFree(a) == CUDA_SUCCESS && cuMemFree(b) == CUDA_SUCCESS);
 	CHECK(count(REGION_UNREGS) == 0);
 	CHECK(cuMemAllocHost(&host, 4096) == CUDA_SUCCESS);
@@ -152,7 +166,7 @@ static void refused_mode(void)
 	CHECK(cuMemFreeHost(host) == CUDA_SUCCESS);
 	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
 	CHECK(shims_release_idle(-1, 0) >= 0);
-	CHECK(count(HEAPS) == 0 && count(HEAP_UNREGS) == 1);
+	CHECK(count(HEAPS) == 0 && count(HEAP_UNREGS) == 1 && count(HEAP_REGS) == 2);
 	CHECK(count(ERRORS) == 0);
 }
 
@@ -262,20 +276,52 @@ static void vmm_mode(void)
 	CUmemAccessDesc d = vmm_call_access(0);
 	size_t size = 4u << 20;
 	struct vmm_buf a, b;
+	struct emm_stats s0, s1;
 
 	CHECK(vmm_call_alloc(&a, size, &p, &d, 1) == CUDA_SUCCESS);
 	CHECK(vmm_call_free(&a) == CUDA_SUCCESS);
-	find_tool(); /* loaded when the first buffer went idle */
-	CHECK(heap(a.va) == size && count(REGIONS) == 0);
+	find_tool(); /* loaded when the first buffer was freed */
+	CHECK(shims_stats(-1, &s0) == 0 && s0.vmm_idle_bytes == 0);
 	CHECK(vmm_call_alloc(&b, size, &p, &d, 1) == CUDA_SUCCESS);
-	CHECK(b.va == a.va); /* from the cache */
-	CHECK(heap(a.va) == 0);
+	CHECK(shims_stats(-1, &s1) == 0 && s1.vmm_hits == s0.vmm_hits);
 	CHECK(vmm_call_free(&b) == CUDA_SUCCESS);
-	CHECK(heap(a.va) == size);
+	CHECK(count(HEAP_REGS) == 0 && count(HEAPS) == 0 && count(ERRORS) == 0);
+}
+
+/* FAKECUDA_DEVICES=2. */
+static void peer_mode(void)
+{
+	CUcontext ctx[2];
+	CUdeviceptr a0, a1, b1, big1, c0;
+	unsigned long long regs;
+
+	for (int i = 0; i < 2; i++)
+		CHECK(cuDevicePrimaryCtxRetain(&ctx[i], i) == CUDA_SUCCESS);
+	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&a1, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&a0, 1000) == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 2 && region(a0) == 1000 && region(a1) == 1000);
+	/* Device 0 reaches device 1: device 1's heap goes, with its region. */
+	CHECK(cuCtxEnablePeerAccess(ctx[1], 0) == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 1 && region(a1) == 0 && region(a0) == 1000);
+	CHECK(cuCtxEnablePeerAccess(ctx[1], 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
+	CHECK(count(HEAP_UNREGS) == 1);
+	/* Device 1: no more calls, for old or new blocks and segments. */
+	regs = count(HEAP_REGS) + count(REGION_REGS) + count(REGION_UNREGS);
+	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&b1, 2000) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&big1, 30u << 20) == CUDA_SUCCESS);
+	CHECK(cuMemFree(a1) == CUDA_SUCCESS && cuMemFree(b1) == CUDA_SUCCESS && cuMemFree(big1) == CUDA_SUCCESS);
+	CHECK(count(HEAP_REGS) + count(REGION_REGS) + count(REGION_UNREGS) == regs);
+	/* Device 0 as before. */
+	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&c0, 3000) == CUDA_SUCCESS && region(c0) == 3000);
+	CHECK(cuMemFree(a0) == CUDA_SUCCESS && cuMemFree(c0) == CUDA_SUCCESS && region(a0) == 0);
 	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
-	CHECK(shims_release_idle(0, 0) >= 0); /* made real: the heap goes */
-	CHECK(heap(a.va) == 0 && count(HEAPS) == 0);
-	CHECK(count(HEAP_REGS) == 2 && count(ERRORS) == 0);
+	CHECK(shims_release_idle(-1, 0) >= 0);
+	CHECK(count(HEAPS) == 0 && count(ERRORS) == 0);
 }
 
 static void none_mode(void)
@@ -299,6 +345,8 @@ int main(int argc, char **argv)
 		exit_mode();
 	else if (strcmp(mode, "vmm") == 0)
 		vmm_mode();
+	else if (strcmp(mode, "peer") == 0)
+		peer_mode();
 	else if (strcmp(mode, "gone") == 0)
 		gone_mode();
 	else if (strcmp(mode, "capture") == 0)
