@@ -42,8 +42,8 @@
  * each free reaches the driver (vmm_idle.c). The tool does not see a
  * kernel's access to a region of another device's heap (probe-nvtx-peer:
  * every peer read is reported), so once peer access to a device is
- * enabled, its heaps are dropped and its blocks no longer annotated
- * (annotate_peer.c).
+ * enabled, or a second device has segments, heaps are dropped and blocks
+ * no longer annotated (annotate_peer.c).
  * No NVTX call is made under a lock: a tool's handler may call the driver.
  * For the same reason each is made in relaxed capture mode (as a segment's
  * backend calls are, capture.c): during a global-mode capture the tool's
@@ -274,6 +274,8 @@ void st_annotate_heap_drop(uint64_t addr, size_t size)
 
 void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device)
 {
+	if (add)
+		st_annotate_device_used(device);
 	if (!annotated(device))
 		return;
 	if (add)

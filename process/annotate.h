@@ -62,6 +62,9 @@ void st_annotate_heap_drop(uint64_t addr, size_t size);
  * enabled to it, annotate_peer.c): true for the call that turned it off. */
 bool st_annotate_set_device_off(int device);
 bool st_annotate_device_off(int device);
+/* A segment of `device` is being annotated: a second device turns every
+ * device's annotations off (annotate_peer.c). */
+void st_annotate_device_used(int device);
 
 /* At exit, with a tool attached only (a debugging run): idle segments go
  * back to the backend before the tool's leak check, so that

@@ -12,6 +12,10 @@
  * without libemm would get thousands of reports; unannotated, the device's
  * segments are plain allocations to the tool, as cudaMalloc's are, and only
  * errors inside a segment go unseen. libemm says so once per device.
+ * cudart enables peer access through no call libemm sees (race-multidevice:
+ * cudaDeviceEnablePeerAccess answered "already enabled" after
+ * cudaMemcpyPeer, without libemm too), so once a second device has a
+ * segment every device is left unannotated as well (st_annotate_device_used).
  */
 #include <stdatomic.h>
 #include <stdint.h>
@@ -74,24 +78,16 @@ static int device_of(CUcontext ctx)
 	return ret;
 }
 
-void emm_state_peer_access_enabled(CUcontext peer)
+/* Device `device`'s heaps unregistered: collected under the locks,
+ * unregistered after (no NVTX call under a lock). */
+static void drop_device(int device)
 {
 	struct seg_list segs = {NULL, 0, 0};
 	struct heap_ref *refs = NULL;
 	size_t n = 0;
-	int device;
 
-	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || !peer || !st_enabled ||
-	    st_is_exiting())
+	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed))
 		return;
-	device = device_of(peer);
-	if (device < 0 || !st_annotate_set_device_off(device))
-		return;
-	emm_warn("annotations: peer access to device %d is enabled: the memory checker does not check a peer's "
-	         "access to a region of another device, so device %d's blocks are no longer annotated (errors "
-	         "inside its segments go unseen; accesses from other devices are not reported falsely)",
-	         device, device);
-	/* Its heaps go: collected under the locks, unregistered after. */
 	pthread_rwlock_rdlock(&st_heap_life_lock);
 	st_lock(&st_ctx_lock);
 	refs = st_snapshot_locked(&n);
@@ -104,4 +100,49 @@ void emm_state_peer_access_enabled(CUcontext peer)
 	for (size_t i = 0; i < segs.n; i++)
 		st_annotate_heap_drop(segs.v[i].base, segs.v[i].size);
 	free(segs.v);
+}
+
+void emm_state_peer_access_enabled(CUcontext peer)
+{
+	int device;
+
+	/* Before the first segment the tool is not probed yet: a tool
+	 * injected is enough to remember the device. */
+	if (!st_tool_injected || !peer || !st_enabled || st_is_exiting())
+		return;
+	device = device_of(peer);
+	if (device < 0 || !st_annotate_set_device_off(device))
+		return;
+	emm_warn("annotations: peer access to device %d is enabled: the memory checker does not check a peer's "
+	         "access to a region of another device, so device %d's blocks are no longer annotated (errors "
+	         "inside its segments go unseen; accesses from other devices are not reported falsely)",
+	         device, device);
+	drop_device(device);
+}
+
+void st_annotate_device_used(int device)
+{
+	static atomic_uint_fast64_t seen;
+	static atomic_bool warned;
+	uint_fast64_t bit, prev;
+
+	if (device < 0 || device >= 64)
+		return;
+	bit = (uint_fast64_t)1 << device;
+	if (atomic_load_explicit(&seen, memory_order_relaxed) & bit)
+		return;
+	prev = atomic_fetch_or(&seen, bit);
+	if ((prev & bit) || !(prev & ~bit))
+		return;
+	/* A second device: the runtime may have enabled peer access
+	 * already, through no call libemm sees. */
+	if (!atomic_exchange(&warned, true))
+		emm_warn("annotations: blocks on several devices (%d is the second): the CUDA runtime enables peer "
+		         "access without a call libemm sees (cudaMemcpyPeer did), and the memory checker does not "
+		         "check a peer's access to a region of another device, so no device's blocks are annotated "
+		         "from here on (errors inside segments go unseen; no access is reported falsely)",
+		         device);
+	for (int d = 0; d < 64; d++)
+		if (((prev | bit) >> d & 1) && st_annotate_set_device_off(d) && d != device)
+			drop_device(d);
 }

@@ -193,6 +193,18 @@ static int fences_record(struct vbuf *v)
 	return 0;
 }
 
+/* The host waits for v's events (v busy; no lock held). */
+static void fences_wait(struct vbuf *v)
+{
+	struct emm_fence_ops ops;
+
+	if (!v->nfences)
+		return;
+	emm_fence_ops_init(v->pool, &ops);
+	for (unsigned i = 0; i < v->nfences; i++)
+		(void)ops.synchronize(ops.ctx, v->fences[i]);
+}
+
 /* Have all of v's events completed? (v busy; no lock held) */
 static bool fences_ready(struct vbuf *v)
 {
@@ -215,11 +227,17 @@ void vmm_make_idle(struct vbuf *v)
 	size_t threshold = st_opts->release_threshold, idle;
 
 	st_assert_unlocked("fencing a freed VMM buffer");
-	/* Under a memory checker the free reaches the driver: the checker
-	 * takes no VMM range as a heap (annotate.c), so a buffer kept mapped
-	 * would hide a use after free that it reports without libemm. */
+	if (st_is_exiting() || fences_record(v) < 0) {
+		vmm_materialize(v);
+		return;
+	}
+	/* Under a memory checker the free reaches the driver once the work
+	 * before it is done: the checker takes no VMM range as a heap
+	 * (annotate.c), so a buffer kept mapped for reuse would hide a use
+	 * after free that it reports without libemm. */
 	st_annotate_ensure_probed();
-	if (st_is_exiting() || atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || fences_record(v) < 0) {
+	if (atomic_load_explicit(&st_annotate_on, memory_order_relaxed)) {
+		fences_wait(v);
 		vmm_materialize(v);
 		return;
 	}

@@ -56,6 +56,16 @@ static inline int gpu_emm_present(void)
 	return gpu_stats_fn() != NULL;
 }
 
+/* A memory checker injected itself (compute-sanitizer sets
+ * NVTX_INJECTION64_PATH): libemm then keeps no freed VMM buffer for reuse
+ * (process/vmm_idle.c), so cache hits are not expected. */
+static inline int gpu_checker_attached(void)
+{
+	const char *p = getenv("NVTX_INJECTION64_PATH");
+
+	return p && *p;
+}
+
 /* emm_release_idle found at run time: the bytes it gave back, or -1
  * without libemm. */
 static inline long long gpu_release_idle(int device, size_t keep_bytes)

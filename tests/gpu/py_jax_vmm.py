@@ -200,9 +200,13 @@ def main():
     case.made = allocs
     if case.check(b["vmm_allocs"] > 0, "ESCAPE: JAX made no VMM allocation libemm saw (platform allocator "
                                        "not in use, or its dlsym lookups passed libemm by)"):
-        case.check(allocs > 0 and served >= 0.99 * allocs,
-                   "%d of %d device allocations after the warm-up were served from libemm's caches "
-                   "(want >= 99%%)" % (served, allocs))
+        if os.environ.get("NVTX_INJECTION64_PATH"):
+            # A memory checker: libemm keeps no freed VMM buffer then.
+            case.check(d["vmm_hits"] == 0, "%d VMM buffers reused under a memory checker" % d["vmm_hits"])
+        else:
+            case.check(allocs > 0 and served >= 0.99 * allocs,
+                       "%d of %d device allocations after the warm-up were served from libemm's caches "
+                       "(want >= 99%%)" % (served, allocs))
     env = dict(os.environ)
     env.pop("LD_PRELOAD", None)
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", "--steps", str(args.steps)],

@@ -17,10 +17,13 @@
  *           driver at once (the checker takes no VMM range as a heap, so
  *           one kept mapped would hide a use after free): no heap call, no
  *           cache hit for the next buffer.
- *   peer  - two devices: once device 0's context enables peer access to
- *           device 1 (the checker does not see a peer's access to another
- *           device's region), device 1's heaps go and its blocks get no
- *           more calls; device 0's stay annotated.
+ *   peer  - two devices, blocks on device 1 only: once device 0's context
+ *           enables peer access to device 1 (the checker does not see a
+ *           peer's access to another device's region), device 1's heaps go
+ *           and its blocks get no more calls.
+ *   devices - two devices: once the second has a segment, no device's
+ *           blocks are annotated (cudart enables peer access unseen); the
+ *           first one's heaps go.
  *   refused - (FAKE_NVTX_REFUSE_DEVICE=1) the first device heap refused,
  *           no other device heap is offered; pinned ones still are.
  *   gone  - the primary context released behind libemm's back (as a
@@ -292,36 +295,56 @@ static void vmm_mode(void)
 static void peer_mode(void)
 {
 	CUcontext ctx[2];
-	CUdeviceptr a0, a1, b1, big1, c0;
-	unsigned long long regs;
+	CUdeviceptr a1, b1, big1;
+	unsigned long long calls;
 
 	for (int i = 0; i < 2; i++)
 		CHECK(cuDevicePrimaryCtxRetain(&ctx[i], i) == CUDA_SUCCESS);
 	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
 	CHECK(cuMemAlloc(&a1, 1000) == CUDA_SUCCESS);
 	find_tool();
-	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
-	CHECK(cuMemAlloc(&a0, 1000) == CUDA_SUCCESS);
-	CHECK(count(HEAPS) == 2 && region(a0) == 1000 && region(a1) == 1000);
+	CHECK(count(HEAPS) == 1 && region(a1) == 1000);
 	/* Device 0 reaches device 1: device 1's heap goes, with its region. */
+	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
 	CHECK(cuCtxEnablePeerAccess(ctx[1], 0) == CUDA_SUCCESS);
-	CHECK(count(HEAPS) == 1 && region(a1) == 0 && region(a0) == 1000);
+	CHECK(count(HEAPS) == 0 && region(a1) == 0 && count(HEAP_UNREGS) == 1);
 	CHECK(cuCtxEnablePeerAccess(ctx[1], 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
-	CHECK(count(HEAP_UNREGS) == 1);
 	/* Device 1: no more calls, for old or new blocks and segments. */
-	regs = count(HEAP_REGS) + count(REGION_REGS) + count(REGION_UNREGS);
+	calls = count(HEAP_REGS) + count(HEAP_UNREGS) + count(REGION_REGS) + count(REGION_UNREGS);
 	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
 	CHECK(cuMemAlloc(&b1, 2000) == CUDA_SUCCESS);
 	CHECK(cuMemAlloc(&big1, 30u << 20) == CUDA_SUCCESS);
 	CHECK(cuMemFree(a1) == CUDA_SUCCESS && cuMemFree(b1) == CUDA_SUCCESS && cuMemFree(big1) == CUDA_SUCCESS);
-	CHECK(count(HEAP_REGS) + count(REGION_REGS) + count(REGION_UNREGS) == regs);
-	/* Device 0 as before. */
-	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
-	CHECK(cuMemAlloc(&c0, 3000) == CUDA_SUCCESS && region(c0) == 3000);
-	CHECK(cuMemFree(a0) == CUDA_SUCCESS && cuMemFree(c0) == CUDA_SUCCESS && region(a0) == 0);
 	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
 	CHECK(shims_release_idle(-1, 0) >= 0);
+	CHECK(count(HEAP_REGS) + count(HEAP_UNREGS) + count(REGION_REGS) + count(REGION_UNREGS) == calls);
 	CHECK(count(HEAPS) == 0 && count(ERRORS) == 0);
+}
+
+/* FAKECUDA_DEVICES=2. */
+static void devices_mode(void)
+{
+	CUcontext ctx[2];
+	CUdeviceptr a0, a1, b0;
+
+	for (int i = 0; i < 2; i++)
+		CHECK(cuDevicePrimaryCtxRetain(&ctx[i], i) == CUDA_SUCCESS);
+	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&a0, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(count(HEAPS) == 1 && region(a0) == 1000);
+	/* The second device: its segment is not offered, the first's goes. */
+	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&a1, 1000) == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 0 && count(HEAP_REGS) == 1 && region(a0) == 0 && region(a1) == 0);
+	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&b0, 3000) == CUDA_SUCCESS && region(b0) == 0);
+	CHECK(cuMemFree(a0) == CUDA_SUCCESS && cuMemFree(b0) == CUDA_SUCCESS);
+	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS && cuMemFree(a1) == CUDA_SUCCESS);
+	CHECK(count(REGION_REGS) == 1 && count(REGION_UNREGS) == 0);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(shims_release_idle(-1, 0) >= 0);
+	CHECK(count(HEAPS) == 0 && count(HEAP_UNREGS) == 1 && count(ERRORS) == 0);
 }
 
 static void none_mode(void)
@@ -347,6 +370,8 @@ int main(int argc, char **argv)
 		vmm_mode();
 	else if (strcmp(mode, "peer") == 0)
 		peer_mode();
+	else if (strcmp(mode, "devices") == 0)
+		devices_mode();
 	else if (strcmp(mode, "gone") == 0)
 		gone_mode();
 	else if (strcmp(mode, "capture") == 0)
