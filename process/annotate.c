@@ -42,8 +42,8 @@
  * each free reaches the driver (vmm_idle.c). The tool does not see a
  * kernel's access to a region of another device's heap (probe-nvtx-peer:
  * every peer read is reported), so once peer access to a device is
- * enabled, or a second device has segments, heaps are dropped and blocks
- * no longer annotated (annotate_peer.c).
+ * enabled, or a second device has segments, new segments are not offered
+ * as heaps (annotate_peer.c).
  * No NVTX call is made under a lock: a tool's handler may call the driver.
  * For the same reason each is made in relaxed capture mode (as a segment's
  * backend calls are, capture.c): during a global-mode capture the tool's
@@ -151,16 +151,15 @@ static bool piece_take(uint64_t addr, size_t size, uint64_t *ret_addr)
 
 /* --- the calls --------------------------------------------------------- */
 
-/* --- heaps the tool refused -------------------------------------------- */
+/* --- heaps not registered ---------------------------------------------- */
 
 /* compute-sanitizer (CUDA 13.0) refuses heaps over the vmm backend's mapped
  * ranges and the async backend's pool memory ("parameters invalid"): their
  * blocks get no regions (each would be refused too), and the tool sees
- * them as the backend's plain memory. */
-#define MAX_REFUSED 256
-
-static uint64_t refused[MAX_REFUSED];
-static unsigned n_refused;
+ * them as the backend's plain memory. The segments of a device turned off
+ * (annotate_peer.c) are listed here too. */
+static uint64_t *refused;
+static unsigned n_refused, cap_refused;
 
 static bool refused_has(uint64_t heap, bool take)
 {
@@ -204,11 +203,29 @@ bool st_annotate_set_device_off(int device)
 	return device >= 0 && device < 64 && !(atomic_fetch_or(&devices_off, bit) & bit);
 }
 
-/* Whether heaps of `device` (-2: pinned host) are offered to the tool. */
-static bool annotated(int device)
+/* Whether heaps of `device`'s kind (-2: pinned host) are offered to the
+ * tool (a device turned off still has heaps from before: not checked here). */
+static bool kind_taken(int device)
 {
-	return atomic_load_explicit(kind_of(device), memory_order_relaxed) != KIND_REFUSED &&
-	       !st_annotate_device_off(device);
+	return atomic_load_explicit(kind_of(device), memory_order_relaxed) != KIND_REFUSED;
+}
+
+/* A heap not registered (refused, or of a device turned off): its blocks
+ * get no region call and its free no unregister. */
+static void remember_unregistered(uint64_t addr)
+{
+	pthread_mutex_lock(&pieces_lock);
+	if (n_refused == cap_refused) {
+		unsigned cap = cap_refused ? 2 * cap_refused : 64;
+		uint64_t *r = realloc(refused, cap * sizeof(*r));
+		if (r) {
+			refused = r;
+			cap_refused = cap;
+		}
+	}
+	if (n_refused < cap_refused)
+		refused[n_refused++] = addr;
+	pthread_mutex_unlock(&pieces_lock);
 }
 
 static void heap_register(uint64_t addr, size_t size, int device)
@@ -223,9 +240,14 @@ static void heap_register(uint64_t addr, size_t size, int device)
 	    .typeSpecificDesc = &range,
 	};
 
+	static atomic_bool warned;
+
+	if (st_annotate_device_off(device)) {
+		remember_unregistered(addr);
+		return;
+	}
 	int mode = st_capture_relax(); /* see the top of this file */
 	nvtxMemHeapHandle_t h = nvtxMemHeapRegister(NULL, &desc);
-	static atomic_bool warned;
 
 	st_capture_unrelax(mode);
 
@@ -239,12 +261,8 @@ static void heap_register(uint64_t addr, size_t size, int device)
 	/* The first of its kind refused: none of that kind is tried again
 	 * (and none was taken, so no unregister is owed). A refusal after
 	 * the kind was taken is remembered by address. */
-	if (!atomic_compare_exchange_strong(kind_of(device), &unknown, KIND_REFUSED)) {
-		pthread_mutex_lock(&pieces_lock);
-		if (n_refused < MAX_REFUSED)
-			refused[n_refused++] = addr;
-		pthread_mutex_unlock(&pieces_lock);
-	}
+	if (!atomic_compare_exchange_strong(kind_of(device), &unknown, KIND_REFUSED))
+		remember_unregistered(addr);
 	if (!atomic_exchange(&warned, true))
 		emm_warn("annotations: the memory checker refused segment %#llx (%zu bytes) as a heap (it answered %p): "
 		         "the %s backend's blocks are not annotated, so it cannot see errors inside them; "
@@ -263,25 +281,21 @@ static void heap_unregister(uint64_t addr)
 	}
 }
 
-void st_annotate_heap_drop(uint64_t addr, size_t size)
+void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device)
 {
 	uint64_t piece;
 
+	if (add)
+		st_annotate_device_used(device);
+	if (!kind_taken(device))
+		return;
+	if (add) {
+		heap_register(addr, size, device);
+		return;
+	}
 	while (piece_take(addr, size, &piece))
 		heap_unregister(piece);
 	heap_unregister(addr);
-}
-
-void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device)
-{
-	if (add)
-		st_annotate_device_used(device);
-	if (!annotated(device))
-		return;
-	if (add)
-		heap_register(addr, size, device);
-	else
-		st_annotate_heap_drop(addr, size);
 }
 
 /* The grown part [addr+old_size, addr+new_size) of a segment: a heap of its
@@ -289,7 +303,7 @@ void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device)
 void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size, int device)
 {
 	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed) || new_size <= old_size ||
-	    !annotated(device))
+	    !kind_taken(device))
 		return;
 	if (!piece_add(addr + old_size, new_size - old_size)) {
 		emm_warn("annotations: more than %u grown segment pieces; the rest go unannotated", MAX_PIECES);
@@ -317,7 +331,7 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 	 * free (or a cuMemFreeHost of a device block) is the driver's error,
 	 * not an unregister of a region the tool never saw or still needs. */
 	if (emm_heap_find_block(addr, &b) != 0 || b.base != addr || emm_state_heap_is_pinned(b.heap) != pinned ||
-	    !annotated(emm_heap_device(b.heap)))
+	    !kind_taken(emm_heap_device(b.heap)))
 		return;
 	uint64_t heap = heap_of(addr, b.segment_base);
 

@@ -56,14 +56,12 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned);
  * heap of its own: the tool's heaps do not grow); the segment's free
  * unregisters it. */
 void st_annotate_heap_grow(uint64_t addr, size_t old_size, size_t new_size, int device);
-/* The heap at addr and its grown pieces unregistered, whatever its device. */
-void st_annotate_heap_drop(uint64_t addr, size_t size);
-/* Device `device`'s heaps and blocks are no longer annotated (peer access
- * enabled to it, annotate_peer.c): true for the call that turned it off. */
+/* Device `device`'s new segments are no longer annotated (peer access is
+ * possible, annotate_peer.c): true for the call that turned it off. */
 bool st_annotate_set_device_off(int device);
 bool st_annotate_device_off(int device);
 /* A segment of `device` is being annotated: a second device turns every
- * device's annotations off (annotate_peer.c). */
+ * device's new segments' annotations off (annotate_peer.c). */
 void st_annotate_device_used(int device);
 
 /* At exit, with a tool attached only (a debugging run): idle segments go

@@ -19,11 +19,12 @@
  *           cache hit for the next buffer.
  *   peer  - two devices, blocks on device 1 only: once device 0's context
  *           enables peer access to device 1 (the checker does not see a
- *           peer's access to another device's region), device 1's heaps go
- *           and its blocks get no more calls.
- *   devices - two devices: once the second has a segment, no device's
- *           blocks are annotated (cudart enables peer access unseen); the
- *           first one's heaps go.
+ *           peer's access to another device's region), device 1's idle
+ *           segments go back and its new segments are not offered as heaps;
+ *           a segment with a live block keeps its heap and regions (a heap
+ *           cannot be taken back while its memory lives).
+ *   devices - two devices: once the second has a segment, the same for
+ *           every device (cudart enables peer access unseen).
  *   refused - (FAKE_NVTX_REFUSE_DEVICE=1) the first device heap refused,
  *           no other device heap is offered; pinned ones still are.
  *   gone  - the primary context released behind libemm's back (as a
@@ -291,33 +292,56 @@ static void vmm_mode(void)
 	CHECK(count(HEAP_REGS) == 0 && count(HEAPS) == 0 && count(ERRORS) == 0);
 }
 
+/* FAKECUDA_DEVICES=2, first in a mode: in `ctx`, a large block kept live
+ * (a segment of its own) and a small one freed (its segment idle). */
+static void live_and_idle(CUcontext ctx, CUdeviceptr *keep, uint64_t *idle_seg)
+{
+	CUdeviceptr a;
+
+	CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(keep, 30u << 20) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+	find_tool(); /* loaded at libemm's first segment */
+	CHECK(count(HEAPS) == 2 && region(*keep) == 30u << 20 && region(a) == 1000);
+	CHECK(cuMemFree(a) == CUDA_SUCCESS && cuCtxSynchronize() == CUDA_SUCCESS);
+	*idle_seg = a; /* the small segment's first block: its start */
+	CHECK(heap(a) != 0);
+}
+
+/* After the device went off: the idle segment went back, the live one
+ * kept its heap and region; a new block is not annotated, and its free
+ * makes no call. */
+static void check_off(CUcontext ctx, CUdeviceptr keep, uint64_t idle_seg)
+{
+	CUdeviceptr b;
+	unsigned long long calls;
+
+	CHECK(heap(idle_seg) == 0 && heap(keep) != 0 && region(keep) == 30u << 20);
+	CHECK(cuCtxSetCurrent(ctx) == CUDA_SUCCESS);
+	calls = count(HEAP_REGS) + count(REGION_REGS) + count(REGION_UNREGS);
+	CHECK(cuMemAlloc(&b, 2000) == CUDA_SUCCESS && region(b) == 0);
+	CHECK(cuMemFree(b) == CUDA_SUCCESS);
+	CHECK(count(HEAP_REGS) + count(REGION_REGS) + count(REGION_UNREGS) == calls);
+	CHECK(cuMemFree(keep) == CUDA_SUCCESS && region(keep) == 0);
+}
+
 /* FAKECUDA_DEVICES=2. */
 static void peer_mode(void)
 {
 	CUcontext ctx[2];
-	CUdeviceptr a1, b1, big1;
-	unsigned long long calls;
+	CUdeviceptr keep;
+	uint64_t idle_seg;
 
 	for (int i = 0; i < 2; i++)
 		CHECK(cuDevicePrimaryCtxRetain(&ctx[i], i) == CUDA_SUCCESS);
-	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
-	CHECK(cuMemAlloc(&a1, 1000) == CUDA_SUCCESS);
-	find_tool();
-	CHECK(count(HEAPS) == 1 && region(a1) == 1000);
-	/* Device 0 reaches device 1: device 1's heap goes, with its region. */
+	live_and_idle(ctx[1], &keep, &idle_seg);
+	/* Device 0 reaches device 1. */
 	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
 	CHECK(cuCtxEnablePeerAccess(ctx[1], 0) == CUDA_SUCCESS);
-	CHECK(count(HEAPS) == 0 && region(a1) == 0 && count(HEAP_UNREGS) == 1);
 	CHECK(cuCtxEnablePeerAccess(ctx[1], 0) == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED);
-	/* Device 1: no more calls, for old or new blocks and segments. */
-	calls = count(HEAP_REGS) + count(HEAP_UNREGS) + count(REGION_REGS) + count(REGION_UNREGS);
-	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
-	CHECK(cuMemAlloc(&b1, 2000) == CUDA_SUCCESS);
-	CHECK(cuMemAlloc(&big1, 30u << 20) == CUDA_SUCCESS);
-	CHECK(cuMemFree(a1) == CUDA_SUCCESS && cuMemFree(b1) == CUDA_SUCCESS && cuMemFree(big1) == CUDA_SUCCESS);
+	check_off(ctx[1], keep, idle_seg);
 	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
 	CHECK(shims_release_idle(-1, 0) >= 0);
-	CHECK(count(HEAP_REGS) + count(HEAP_UNREGS) + count(REGION_REGS) + count(REGION_UNREGS) == calls);
 	CHECK(count(HEAPS) == 0 && count(ERRORS) == 0);
 }
 
@@ -325,26 +349,21 @@ static void peer_mode(void)
 static void devices_mode(void)
 {
 	CUcontext ctx[2];
-	CUdeviceptr a0, a1, b0;
+	CUdeviceptr keep, a1;
+	uint64_t idle_seg;
 
 	for (int i = 0; i < 2; i++)
 		CHECK(cuDevicePrimaryCtxRetain(&ctx[i], i) == CUDA_SUCCESS);
-	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
-	CHECK(cuMemAlloc(&a0, 1000) == CUDA_SUCCESS);
-	find_tool();
-	CHECK(count(HEAPS) == 1 && region(a0) == 1000);
-	/* The second device: its segment is not offered, the first's goes. */
+	live_and_idle(ctx[0], &keep, &idle_seg);
+	/* The second device's first segment: not offered. */
 	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
 	CHECK(cuMemAlloc(&a1, 1000) == CUDA_SUCCESS);
-	CHECK(count(HEAPS) == 0 && count(HEAP_REGS) == 1 && region(a0) == 0 && region(a1) == 0);
-	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
-	CHECK(cuMemAlloc(&b0, 3000) == CUDA_SUCCESS && region(b0) == 0);
-	CHECK(cuMemFree(a0) == CUDA_SUCCESS && cuMemFree(b0) == CUDA_SUCCESS);
+	CHECK(region(a1) == 0 && count(HEAP_REGS) == 2);
+	check_off(ctx[0], keep, idle_seg);
 	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS && cuMemFree(a1) == CUDA_SUCCESS);
-	CHECK(count(REGION_REGS) == 1 && count(REGION_UNREGS) == 0);
 	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
 	CHECK(shims_release_idle(-1, 0) >= 0);
-	CHECK(count(HEAPS) == 0 && count(HEAP_UNREGS) == 1 && count(ERRORS) == 0);
+	CHECK(count(HEAPS) == 0 && count(HEAP_REGS) == 2 && count(ERRORS) == 0);
 }
 
 static void none_mode(void)
