@@ -75,6 +75,7 @@ struct emm_options {
 	unsigned vmm_reap_ms;	   /* EMM_VMM_REAP_MS: a deferred VMM unmap/release waits this long (5) */
 	char ipc_dir[256];	   /* EMM_IPC_DIR: where the IPC registry lives (/dev/shm) */
 	unsigned poison;	   /* EMM_POISON: fill freed device blocks with this byte (256: off) */
+	bool annotate;		   /* EMM_ANNOTATE: NVTX annotations under a memory checker (on) */
 };
 
 /* Row ids, in table order. */
@@ -111,6 +112,7 @@ enum emm_option_id {
 	EMM_OPT_VMM_REAP_MS,
 	EMM_OPT_IPC_DIR,
 	EMM_OPT_POISON,
+	EMM_OPT_ANNOTATE,
 	EMM_OPT__COUNT
 };
 

@@ -185,7 +185,10 @@ static const char *const vmm_names[] = {
 	/* 256: off (a byte is 0..255). */                                                            \
 	X(POISON, poison, UINT, U(256), "byte", RANGE(0, 256),                                        \
 	  "Fill each freed device block with this byte (0-255), stream-ordered on the freeing "       \
-	  "stream before it can be reused (debugging); 256: off")
+	  "stream before it can be reused (debugging); 256: off")                                     \
+	X(ANNOTATE, annotate, BOOL, B(true), "", NOLIMIT,                                             \
+	  "Under a memory checker (compute-sanitizer), annotate segments and blocks through NVTX "     \
+	  "so that it sees each block, and reuse no freed VMM buffer; off: the checker sees segments")
 
 #define OPT_ROW(NAME, field_, TYPE, def_, unit_, limits_, desc_)                                      \
 	{                                                                                             \

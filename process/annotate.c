@@ -56,6 +56,7 @@
 #include <stdlib.h>
 
 #include "allocator/heap.h"
+#include "allocator/heap_walk.h"
 #include "common/log.h"
 #include "process/annotate.h"
 #include "process/process_internal.h"
@@ -99,7 +100,9 @@ void st_annotate_probe(void)
 	in_probe = true;
 	(void)pthread_once(&once, init);
 	in_probe = false;
-	if (slot_live(SLOT(nvtxMemHeapRegister)) && slot_live(SLOT(nvtxMemHeapUnregister)) &&
+	if (!st_opts->annotate)
+		emm_debug("a memory checker may be attached: EMM_ANNOTATE=off, no annotation");
+	else if (slot_live(SLOT(nvtxMemHeapRegister)) && slot_live(SLOT(nvtxMemHeapUnregister)) &&
 	    slot_live(SLOT(nvtxMemRegionsRegister)) && slot_live(SLOT(nvtxMemRegionsUnregister))) {
 		if (!atomic_exchange(&st_annotate_on, true))
 			emm_debug("a memory checker is attached (NVTX): segments and blocks are annotated");
@@ -364,6 +367,59 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 		nvtxMemRegionsUnregister(NULL, &batch);
 	}
 	st_capture_unrelax(mode);
+}
+
+/* --- heaps of a context that is gone ------------------------------------ */
+
+struct seg_list {
+	struct gone_segment *v;
+	size_t n, cap;
+	int device;
+};
+
+static int collect(void *arg, const struct emm_walk_segment *s)
+{
+	struct seg_list *l = arg;
+
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? 2 * l->cap : 16;
+		struct gone_segment *v = realloc(l->v, cap * sizeof(*v));
+		if (!v)
+			return -1; /* the rest stay registered */
+		l->v = v;
+		l->cap = cap;
+	}
+	l->v[l->n++] = (struct gone_segment){s->base, s->size, l->device};
+	return 0;
+}
+
+static int skip_block(void *arg, const struct emm_walk_block *b)
+{
+	(void)arg;
+	(void)b;
+	return 0;
+}
+
+size_t st_annotate_collect(emm_heap_t *const *heaps, size_t n, struct gone_segment **ret)
+{
+	struct seg_list l = {NULL, 0, 0, 0};
+
+	*ret = NULL;
+	if (!atomic_load_explicit(&st_annotate_on, memory_order_relaxed))
+		return 0;
+	for (size_t i = 0; i < n; i++) {
+		l.device = emm_heap_device(heaps[i]);
+		(void)emm_heap_walk(heaps[i], collect, skip_block, &l);
+	}
+	*ret = l.v;
+	return l.n;
+}
+
+void st_annotate_gone(struct gone_segment *segs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		st_annotate_heap_slow(segs[i].base, segs[i].size, false, segs[i].device);
+	free(segs);
 }
 
 void st_annotate_exit(void)

@@ -64,6 +64,20 @@ bool st_annotate_device_off(int device);
  * device's new segments' annotations off (annotate_peer.c). */
 void st_annotate_device_used(int device);
 
+/* The segments of heaps whose context is gone (the driver freed their
+ * memory with it): collected by st_annotate_collect under the teardown's
+ * locks (a walk, no NVTX call), unregistered by st_annotate_gone after
+ * (which frees the list), so that the tool takes the addresses again when
+ * the driver reuses them. */
+struct gone_segment {
+	uint64_t base;
+	size_t size;
+	int device; /* -2: pinned host */
+};
+struct emm_heap;
+size_t st_annotate_collect(struct emm_heap *const *heaps, size_t n, struct gone_segment **ret);
+void st_annotate_gone(struct gone_segment *segs, size_t n);
+
 /* At exit, with a tool attached only (a debugging run): idle segments go
  * back to the backend before the tool's leak check, so that
  * `compute-sanitizer --leak-check full` lists the program's unfreed blocks,

@@ -26,7 +26,8 @@ static bool drop_one(st_ctx_match_fn match, const void *arg)
 {
 	struct ctx_entry *e = NULL;
 	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
-	size_t n = 0;
+	struct gone_segment *gone = NULL;
+	size_t n = 0, ngone = 0;
 	bool any = false, all_out;
 
 	if (st_is_exiting())
@@ -71,6 +72,10 @@ static bool drop_one(st_ctx_match_fn match, const void *arg)
 		emm_warn("context %p: a thread is still inside libemm after %u ms (EMM_TEARDOWN_WAIT); its %zu "
 		         "heap(s) are left to it, not freed",
 		         (void *)e->ctx, st_opts->teardown_wait, n);
+	/* Their segments went with the context: a memory checker forgets
+	 * them (after the locks), or it refuses the addresses' reuse. */
+	if (all_out)
+		ngone = st_annotate_collect(heaps, n, &gone);
 	for (size_t i = 0; i < n; i++) {
 		st_stats_retire(heaps[i]);
 		if (all_out)
@@ -79,6 +84,7 @@ static bool drop_one(st_ctx_match_fn match, const void *arg)
 	st_guard_end();
 	pthread_rwlock_unlock(&st_heap_life_lock);
 	st_guard_step_in();
+	st_annotate_gone(gone, ngone);
 	/* The backend state goes too - unless a thread inside may still be
 	 * calling the backend with it. */
 	if (all_out) {
@@ -179,7 +185,19 @@ bool st_primary_still_reset(CUcontext ctx)
 	if (i < n)
 		dev = reset_primaries[i].dev;
 	pthread_mutex_unlock(&reset_lock);
-	if (i == n || (state = st_primary_state(dev)) < 0)
+	if (i == n) {
+		/* A reset no shim saw (shared cudart's cudaDeviceReset passed
+		 * none, measured under compute-sanitizer: the failed cuCtxGetId
+		 * was reported): one of our primaries, now inactive, is dead. */
+		struct ctx_entry *e;
+
+		st_lock(&st_ctx_lock);
+		e = st_ctx_find_locked(match_ctx, ctx, false);
+		dev = e && e->primary ? e->device : -1;
+		st_unlock(&st_ctx_lock);
+		return dev >= 0 && st_primary_state(dev) == 0;
+	}
+	if ((state = st_primary_state(dev)) < 0)
 		return false;
 	if (state == 1) { /* retained again: the same handle, a live context */
 		pthread_mutex_lock(&reset_lock);

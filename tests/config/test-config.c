@@ -197,6 +197,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_VMM_REAP_MS=250",
 		"EMM_IPC_DIR=/run/user/1000",
 		"EMM_POISON=165",
+		"EMM_ANNOTATE=off",
 		NULL,
 	};
 	struct parsed p;
@@ -227,6 +228,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_int_eq(p.o.teardown_wait, 250);
 	expect_int_eq(p.o.vmm_reap_ms, 250);
 	expect_int_eq(p.o.poison, 165);
+	expect_false(p.o.annotate);
 	expect_int_eq(p.o.free_mode, EMM_OPT_FREE_STREAM);
 	expect_int_eq(p.o.epoch_blocks, 65536);
 	expect_u64_eq(p.o.epoch_bytes, (uint64_t)1 << 40);
@@ -254,6 +256,7 @@ TEST_BEGIN(test_option_names)
 		"MAX_SPLIT",	 "ROUNDUP_DIVISIONS", "RELEASE_THRESHOLD", "OOM_RETRY", "HOLD_PEAK", "FREE_MODE",
 		"EPOCH_BLOCKS",	 "EPOCH_BYTES", "PENDING_LIMIT", "MEMINFO_CACHED", "PINNED",	       "RUNTIME_SHIMS",
 		"CONTEXT_CHECK", "ARENAS",	 "THREAD_CACHE", "TEARDOWN_WAIT", "VMM", "VMM_REAP_MS", "IPC_DIR", "POISON",
+		"ANNOTATE",
 	};
 	_Static_assert(EMM_ARRAY_SIZE(names) == EMM_OPT__COUNT, "one name per option");
 

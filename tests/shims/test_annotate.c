@@ -27,6 +27,14 @@
  *           every device (cudart enables peer access unseen).
  *   refused - (FAKE_NVTX_REFUSE_DEVICE=1) the first device heap refused,
  *           no other device heap is offered; pinned ones still are.
+ *   destroyed - a context destroyed with a live block and an idle
+ *           segment: the driver freed their memory, so their heaps are
+ *           unregistered (the checker refuses a heap at an address it
+ *           still holds, once the driver reuses it).
+ *   reset - the primary context reset behind libemm's back (as shared
+ *           cudart's cudaDeviceReset does) and left current: the next
+ *           allocation asks no id of the dead context (a failed call the
+ *           tool would report) and reaches the driver, which refuses it.
  *   gone  - the primary context released behind libemm's back (as a
  *           program using libemm's package without the preload does at
  *           exit): giving the idle cache back makes no call in it.
@@ -217,9 +225,28 @@ static void gone_mode(void)
 	 * run: the dead primary is neither used nor brought back. */
 	CHECK(pthread_create(&t, NULL, release_contextless, NULL) == 0);
 	CHECK(pthread_join(t, NULL) == 0);
+	/* The dead primary's heaps leave the tool: the unregister runs in
+	 * relaxed capture mode (a thread-level call, no context). */
 	total = fakecuda_calls_total(NULL);
-	CHECK(total == fakecuda_calls("cuDevicePrimaryCtxGetState") + fakecuda_calls("cuCtxGetCurrent"));
+	CHECK(total == fakecuda_calls("cuDevicePrimaryCtxGetState") + fakecuda_calls("cuCtxGetCurrent") +
+	               fakecuda_calls("cuThreadExchangeStreamCaptureMode"));
+	CHECK(count(HEAPS) == 0 && count(ERRORS) == 0);
 	CHECK(fakecuda_calls("cuDevicePrimaryCtxRetain") == 0);
+}
+
+static void reset_mode(void)
+{
+	CUdeviceptr a, b;
+	unsigned long long ids;
+
+	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuMemFree(a) == CUDA_SUCCESS);
+	CHECK(fakecuda_device_reset(0, 0) == 0);
+	ids = fakecuda_calls("cuCtxGetId");
+	CHECK(cuMemAlloc(&b, 1000) == CUDA_ERROR_CONTEXT_IS_DESTROYED);
+	CHECK(fakecuda_calls("cuCtxGetId") == ids);
+	CHECK(count(HEAPS) == 0 && count(ERRORS) == 0);
 }
 
 /* A first block (*a) that loads the tool, then a capture in `mode` begun
@@ -290,6 +317,28 @@ static void vmm_mode(void)
 	CHECK(shims_stats(-1, &s1) == 0 && s1.vmm_hits == s0.vmm_hits);
 	CHECK(vmm_call_free(&b) == CUDA_SUCCESS);
 	CHECK(count(HEAP_REGS) == 0 && count(HEAPS) == 0 && count(ERRORS) == 0);
+}
+
+static void destroyed_mode(void)
+{
+	CUcontext c2;
+	CUdeviceptr a, b, big;
+
+#if CUDA_VERSION >= 13000
+	CHECK(cuCtxCreate(&c2, NULL, 0, 0) == CUDA_SUCCESS);
+#else
+	CHECK(cuCtxCreate(&c2, 0, 0) == CUDA_SUCCESS);
+#endif
+	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(cuMemAlloc(&big, 30u << 20) == CUDA_SUCCESS && cuMemFree(big) == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 2 && region(a) == 1000);
+	CHECK(cuCtxDestroy(c2) == CUDA_SUCCESS);
+	CHECK(count(HEAPS) == 0 && count(REGIONS) == 0 && count(HEAP_UNREGS) == 2);
+	/* The primary context: annotated as before. */
+	CHECK(cuMemAlloc(&b, 2000) == CUDA_SUCCESS && region(b) == 2000);
+	CHECK(cuMemFree(b) == CUDA_SUCCESS);
+	CHECK(count(ERRORS) == 0);
 }
 
 /* FAKECUDA_DEVICES=2, first in a mode: in `ctx`, a large block kept live
@@ -391,8 +440,12 @@ int main(int argc, char **argv)
 		peer_mode();
 	else if (strcmp(mode, "devices") == 0)
 		devices_mode();
+	else if (strcmp(mode, "destroyed") == 0)
+		destroyed_mode();
 	else if (strcmp(mode, "gone") == 0)
 		gone_mode();
+	else if (strcmp(mode, "reset") == 0)
+		reset_mode();
 	else if (strcmp(mode, "capture") == 0)
 		capture_mode();
 	else if (strcmp(mode, "quarantine") == 0)
