@@ -32,6 +32,24 @@
 		return r_;                                                                                   \
 	} while (0)
 
+/* FORWARD for a create: the new handle is a live context (a destroyed
+ * one's handle may come back). */
+#define FORWARD_CREATE(type, name, pctx, ...)                                                                \
+	do {                                                                                                 \
+		type real_ = (type)emm_real_driver(name);                                                    \
+		CUresult r_;                                                                                 \
+                                                                                                             \
+		if (!real_)                                                                                  \
+			return CUDA_ERROR_NOT_INITIALIZED;                                                   \
+		r_ = real_(pctx, __VA_ARGS__);                                                               \
+		if (emm_state_enabled()) {                                                                   \
+			if (r_ == CUDA_SUCCESS)                                                              \
+				emm_state_context_made(*(pctx));                                             \
+			emm_state_current_changed(false);                                                    \
+		}                                                                                            \
+		return r_;                                                                                   \
+	} while (0)
+
 typedef CUresult (*set_fn)(CUcontext);
 typedef CUresult (*pop_fn)(CUcontext *);
 typedef CUresult (*create_fn)(CUcontext *, unsigned int, CUdevice);
@@ -66,24 +84,24 @@ EMM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx)
 
 EMM_EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-	FORWARD(create_fn, "cuCtxCreate", pctx, flags, dev);
+	FORWARD_CREATE(create_fn, "cuCtxCreate", pctx, flags, dev);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-	FORWARD(create_fn, "cuCtxCreate_v2", pctx, flags, dev);
+	FORWARD_CREATE(create_fn, "cuCtxCreate_v2", pctx, flags, dev);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                                            unsigned int flags, CUdevice dev)
 {
-	FORWARD(create_v3_fn, "cuCtxCreate_v3", pctx, paramsArray, numParams, flags, dev);
+	FORWARD_CREATE(create_v3_fn, "cuCtxCreate_v3", pctx, paramsArray, numParams, flags, dev);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
                                            CUdevice dev)
 {
-	FORWARD(create_v4_fn, "cuCtxCreate_v4", pctx, ctxCreateParams, flags, dev);
+	FORWARD_CREATE(create_v4_fn, "cuCtxCreate_v4", pctx, ctxCreateParams, flags, dev);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)

@@ -152,9 +152,10 @@ EMM_EXPORT CUresult CUDAAPI cuCtxDestroy_v2(CUcontext ctx)
 	if (on)
 		emm_state_context_destroying(ctx);
 	r = CALL_REAL(cuCtxDestroy_v2, ctx);
-	if (on && r == CUDA_SUCCESS)
+	if (on && r == CUDA_SUCCESS) {
 		emm_state_context_destroyed(ctx);
-	else if (on)
+		emm_state_context_gone(ctx);
+	} else if (on)
 		emm_state_context_destroy_failed(ctx);
 	return r;
 }
@@ -176,9 +177,15 @@ EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxReset_v2(CUdevice dev)
  * inactive primary context is stale. */
 EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev)
 {
-	if (emm_state_enabled())
+	bool on = emm_state_enabled();
+	CUresult r;
+
+	if (on)
 		emm_state_primary_retaining(dev);
-	return CALL_EXTRA(cuDevicePrimaryCtxRetain, pctx, dev);
+	r = CALL_EXTRA(cuDevicePrimaryCtxRetain, pctx, dev);
+	if (on && r == CUDA_SUCCESS)
+		emm_state_context_made(*pctx);
+	return r;
 }
 
 EMM_EXPORT CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev)

@@ -282,7 +282,7 @@ static int current_context_key(uint64_t *ret_key, unsigned long long *ret_id)
 			real = st_real_table();
 			if (!real->cuCtxGetCurrent || real->cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx)
 				return -ENODEV;
-			if (st_primary_still_reset(ctx))
+			if (st_context_known_dead(ctx))
 				return -ESTALE;
 		}
 		/* NULL: the current context's id; an error without one. */

@@ -150,17 +150,20 @@ int st_primary_state(CUdevice dev)
 	return active ? 1 : 0;
 }
 
-/* Primary contexts reset through our shims, remembered under a tool only:
- * the runtime leaves a reset primary current until its next call retains
- * it, and a lookup meanwhile must not ask the driver for the dead
- * context's id (the tool would report the failed call as the program's). */
+/* Dead contexts a thread may still have current, remembered under a tool
+ * only: primaries reset through our shims (the runtime leaves a reset
+ * primary current until its next call retains it; dev is its device) and
+ * contexts the program destroyed (dev -1: current on another thread, or
+ * left under the top of a thread's stack, they stay so). A lookup meanwhile
+ * must not ask the driver for the dead context's id: the tool would report
+ * the failed call as the program's. */
 static struct {
 	CUcontext ctx;
 	CUdevice dev;
 } reset_primaries[16];
 static pthread_mutex_t reset_lock = PTHREAD_MUTEX_INITIALIZER;
 
-static void note_reset_primary(CUcontext ctx, CUdevice dev)
+static void note_dead(CUcontext ctx, CUdevice dev)
 {
 	pthread_mutex_lock(&reset_lock);
 	for (unsigned i = 0; i < sizeof(reset_primaries) / sizeof(reset_primaries[0]); i++) {
@@ -173,7 +176,24 @@ static void note_reset_primary(CUcontext ctx, CUdevice dev)
 	pthread_mutex_unlock(&reset_lock);
 }
 
-bool st_primary_still_reset(CUcontext ctx)
+void emm_state_context_gone(CUcontext ctx)
+{
+	if (ctx && st_tool_injected)
+		note_dead(ctx, -1);
+}
+
+void emm_state_context_made(CUcontext ctx)
+{
+	if (!ctx || !st_tool_injected)
+		return;
+	pthread_mutex_lock(&reset_lock);
+	for (unsigned i = 0; i < sizeof(reset_primaries) / sizeof(reset_primaries[0]); i++)
+		if (reset_primaries[i].ctx == ctx && reset_primaries[i].dev < 0)
+			reset_primaries[i].ctx = NULL; /* the handle is a live context again */
+	pthread_mutex_unlock(&reset_lock);
+}
+
+bool st_context_known_dead(CUcontext ctx)
 {
 	CUdevice dev = -1;
 	int state;
@@ -185,6 +205,8 @@ bool st_primary_still_reset(CUcontext ctx)
 	if (i < n)
 		dev = reset_primaries[i].dev;
 	pthread_mutex_unlock(&reset_lock);
+	if (i < n && dev < 0)
+		return true; /* destroyed by the program */
 	if (i == n) {
 		/* A reset no shim saw (shared cudart's cudaDeviceReset passed
 		 * none, measured under compute-sanitizer: the failed cuCtxGetId
@@ -220,7 +242,7 @@ CUcontext emm_state_primary_resetting(CUdevice dev)
 	ctx = e ? e->ctx : NULL;
 	st_unlock(&st_ctx_lock);
 	if (ctx && st_tool_injected)
-		note_reset_primary(ctx, dev);
+		note_dead(ctx, dev);
 	emm_state_context_destroying(ctx);
 	return ctx;
 }

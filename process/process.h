@@ -296,6 +296,12 @@ void emm_state_primary_reset(CUdevice dev);
  * of ours for it is stale (reset behind our back, e.g. by cudaDeviceReset). */
 void emm_state_primary_retaining(CUdevice dev);
 
+/* cuCtxDestroy of `ctx` succeeded / a context `ctx` was made (created or
+ * retained): under a tool libemm remembers which handles are dead, so that
+ * it asks no id of one a thread still has current. */
+void emm_state_context_gone(CUcontext ctx);
+void emm_state_context_made(CUcontext ctx);
+
 /* The current context gained access to `peer`'s memory
  * (cuCtxEnablePeerAccess): under a memory checker, the peer device's blocks
  * stop being annotated (annotate_peer.c). */

@@ -342,9 +342,10 @@ void st_drop_inactive_primaries(void);
 /* The primary context of `dev`: 1 active, 0 inactive (released or reset:
  * its memory is gone), -1 unknown (the driver did not answer). */
 int st_primary_state(CUdevice dev);
-/* Under a tool: `ctx` is a primary context reset through our shims and not
- * retained since (contexts_drop.c). */
-bool st_primary_still_reset(CUcontext ctx);
+/* Under a tool: `ctx` is dead though a thread may have it current: a
+ * primary context reset (through our shims or not) and not retained since,
+ * or a context the program destroyed (contexts_drop.c). */
+bool st_context_known_dead(CUcontext ctx);
 
 /* --- pinned.c ------------------------------------------------------------ */
 

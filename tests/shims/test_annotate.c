@@ -35,6 +35,10 @@
  *           cudart's cudaDeviceReset does) and left current: the next
  *           allocation asks no id of the dead context (a failed call the
  *           tool would report) and reaches the driver, which refuses it.
+ *   dead  - a context the program destroyed while another thread has it
+ *           current: that thread's free asks no id of the dead context
+ *           (the tool would report the failed call) and gets the driver's
+ *           answer; a context created later with the same handle is live.
  *   gone  - the primary context released behind libemm's back (as a
  *           program using libemm's package without the preload does at
  *           exit): giving the idle cache back makes no call in it.
@@ -249,6 +253,56 @@ static void reset_mode(void)
 	CHECK(count(HEAPS) == 0 && count(ERRORS) == 0);
 }
 
+static pthread_barrier_t dead_bar;
+static CUcontext dead_ctx;
+static CUdeviceptr dead_blk;
+static CUresult dead_rc;
+static unsigned long long dead_ids;
+
+static void *dead_thread(void *arg)
+{
+	(void)arg;
+	CHECK(cuCtxSetCurrent(dead_ctx) == CUDA_SUCCESS);
+	pthread_barrier_wait(&dead_bar); /* current here */
+	pthread_barrier_wait(&dead_bar); /* destroyed by main */
+	dead_ids = fakecuda_calls("cuCtxGetId");
+	dead_rc = cuMemFree(dead_blk);
+	dead_ids = fakecuda_calls("cuCtxGetId") - dead_ids;
+	return NULL;
+}
+
+static void dead_mode(void)
+{
+	CUcontext again;
+	CUdeviceptr a;
+	pthread_t t;
+
+#if CUDA_VERSION >= 13000
+	CHECK(cuCtxCreate(&dead_ctx, NULL, 0, 0) == CUDA_SUCCESS);
+#else
+	CHECK(cuCtxCreate(&dead_ctx, 0, 0) == CUDA_SUCCESS);
+#endif
+	CHECK(cuMemAlloc(&dead_blk, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(pthread_barrier_init(&dead_bar, NULL, 2) == 0);
+	CHECK(pthread_create(&t, NULL, dead_thread, NULL) == 0);
+	pthread_barrier_wait(&dead_bar);
+	CHECK(cuCtxDestroy(dead_ctx) == CUDA_SUCCESS);
+	pthread_barrier_wait(&dead_bar);
+	CHECK(pthread_join(t, NULL) == 0);
+	CHECK(dead_rc == CUDA_ERROR_CONTEXT_IS_DESTROYED && dead_ids == 0);
+	/* A new context: served and annotated as usual. */
+#if CUDA_VERSION >= 13000
+	CHECK(cuCtxCreate(&again, NULL, 0, 0) == CUDA_SUCCESS);
+#else
+	CHECK(cuCtxCreate(&again, 0, 0) == CUDA_SUCCESS);
+#endif
+	CHECK(cuMemAlloc(&a, 2000) == CUDA_SUCCESS && region(a) == 2000);
+	CHECK(cuMemFree(a) == CUDA_SUCCESS);
+	CHECK(cuCtxDestroy(again) == CUDA_SUCCESS);
+	CHECK(count(ERRORS) == 0);
+}
+
 /* A first block (*a) that loads the tool, then a capture in `mode` begun
  * on a new non-blocking stream. */
 static CUstream capture_begin(CUdeviceptr *a, CUstreamCaptureMode mode)
@@ -446,6 +500,8 @@ int main(int argc, char **argv)
 		gone_mode();
 	else if (strcmp(mode, "reset") == 0)
 		reset_mode();
+	else if (strcmp(mode, "dead") == 0)
+		dead_mode();
 	else if (strcmp(mode, "capture") == 0)
 		capture_mode();
 	else if (strcmp(mode, "quarantine") == 0)
