@@ -75,7 +75,7 @@ void emm_state_peer_access_enabled(CUcontext peer)
 
 	/* Before the first segment the tool is not probed yet: a tool
 	 * injected is enough to remember the device. */
-	if (!st_tool_injected || !peer || !st_enabled || st_is_exiting())
+	if (!st_tool_injected || !st_opts->annotate || !peer || !st_enabled || st_is_exiting())
 		return;
 	device = device_of(peer);
 	if (device >= 0 && device_off(device, true))
