@@ -43,7 +43,10 @@
  * kernel's access to a region of another device's heap (probe-nvtx-peer:
  * every peer read is reported), so once peer access to a device is
  * enabled, or a second device has segments, new segments are not offered
- * as heaps (annotate_peer.c).
+ * as heaps (annotate_peer.c). The heaps of a context that is gone leave
+ * the tool with it (st_annotate_gone): the driver freed their memory, and
+ * the tool refuses a heap at an address it still holds once the driver
+ * reuses it. EMM_ANNOTATE=off: no annotation (st_annotate_on stays false).
  * No NVTX call is made under a lock: a tool's handler may call the driver.
  * For the same reason each is made in relaxed capture mode (as a segment's
  * backend calls are, capture.c): during a global-mode capture the tool's
