@@ -70,12 +70,16 @@ def load(p):
             continue
         tests[t['name']] = t
     return tests
+# "ERROR SUMMARY: N errors" per process; not the "M errors were not
+# printed" line that follows it past the print limit (it was added in).
+def summary(out):
+    return [int(n) for n in re.findall(r'ERROR SUMMARY: (\d+) errors?\s*$', out, re.M)]
 plain, mem = load(sys.argv[1]), load(sys.argv[2])
 print(f'{len(mem)} of {len(plain)} tests ran under memcheck')
 for name in sorted(set(plain) - set(mem)):
     print(f'{name}: not run under memcheck (time limit)')
 clean = [n for n in sorted(mem) if mem[n]['result'] == plain.get(n, {}).get('result')
-         and not any(int(x) for x in re.findall(r'ERROR SUMMARY: (\d+) error', mem[n].get('stdout') or ''))]
+         and not any(summary(mem[n].get('stdout') or ''))]
 print(f'{len(clean)} with the same result and no memcheck error')
 for name in sorted(mem):
     t = mem[name]
@@ -83,7 +87,7 @@ for name in sorted(mem):
     if t['result'] != before:
         print(f'{name}: {before} -> {t["result"]} under memcheck')
     out = t.get('stdout') or ''
-    errs = [int(n) for n in re.findall(r'ERROR SUMMARY: (\d+) error', out)]
+    errs = summary(out)
     if any(errs):
         print(f'{name}: memcheck reported {sum(errs)} errors')
         for line in [l for l in out.splitlines() if l.startswith('=========')][:6]:
