@@ -16,38 +16,28 @@
 #include "common/compiler.h"
 #include "interpose/shims.h"
 
-/* The real export `name` (typed `type`), called with the arguments; the
- * thread's context cache is emptied after it whatever it returned (a
- * failed call changes nothing, and emptying costs one lookup). */
-#define FORWARD(type, name, ...)                                                                             \
-	do {                                                                                                 \
-		type real_ = (type)emm_real_driver(name);                                                    \
-		CUresult r_;                                                                                 \
-                                                                                                             \
-		if (!real_)                                                                                  \
-			return CUDA_ERROR_NOT_INITIALIZED;                                                   \
-		r_ = real_(__VA_ARGS__);                                                                     \
-		if (emm_state_enabled())                                                                     \
-			emm_state_current_changed(false);                                                    \
-		return r_;                                                                                   \
-	} while (0)
+/* After a forwarded call: the thread's context cache is emptied whatever
+ * it returned (a failed call changes nothing, and emptying costs one
+ * lookup); a create's new handle (`made`, NULL for the others) is a live
+ * context (a destroyed one's handle may come back). */
+static CUresult forwarded(CUresult r, CUcontext *made)
+{
+	if (emm_state_enabled()) {
+		if (r == CUDA_SUCCESS && made)
+			emm_state_context_made(*made);
+		emm_state_current_changed(false);
+	}
+	return r;
+}
 
-/* FORWARD for a create: the new handle is a live context (a destroyed
- * one's handle may come back). */
-#define FORWARD_CREATE(type, name, pctx, ...)                                                                \
+/* The real export `name` (typed `type`), called with the arguments. */
+#define FORWARD(type, made, name, ...)                                                                       \
 	do {                                                                                                 \
 		type real_ = (type)emm_real_driver(name);                                                    \
-		CUresult r_;                                                                                 \
                                                                                                              \
 		if (!real_)                                                                                  \
 			return CUDA_ERROR_NOT_INITIALIZED;                                                   \
-		r_ = real_(pctx, __VA_ARGS__);                                                               \
-		if (emm_state_enabled()) {                                                                   \
-			if (r_ == CUDA_SUCCESS)                                                              \
-				emm_state_context_made(*(pctx));                                             \
-			emm_state_current_changed(false);                                                    \
-		}                                                                                            \
-		return r_;                                                                                   \
+		return forwarded(real_(__VA_ARGS__), made);                                                  \
 	} while (0)
 
 typedef CUresult (*set_fn)(CUcontext);
@@ -59,49 +49,49 @@ typedef CUresult (*peer_fn)(CUcontext, unsigned int);
 
 EMM_EXPORT CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
 {
-	FORWARD(set_fn, "cuCtxSetCurrent", ctx);
+	FORWARD(set_fn, NULL, "cuCtxSetCurrent", ctx);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx)
 {
-	FORWARD(set_fn, "cuCtxPushCurrent_v2", ctx);
+	FORWARD(set_fn, NULL, "cuCtxPushCurrent_v2", ctx);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx)
 {
-	FORWARD(set_fn, "cuCtxPushCurrent", ctx);
+	FORWARD(set_fn, NULL, "cuCtxPushCurrent", ctx);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext *pctx)
 {
-	FORWARD(pop_fn, "cuCtxPopCurrent_v2", pctx);
+	FORWARD(pop_fn, NULL, "cuCtxPopCurrent_v2", pctx);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxPopCurrent(CUcontext *pctx)
 {
-	FORWARD(pop_fn, "cuCtxPopCurrent", pctx);
+	FORWARD(pop_fn, NULL, "cuCtxPopCurrent", pctx);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-	FORWARD_CREATE(create_fn, "cuCtxCreate", pctx, flags, dev);
+	FORWARD(create_fn, pctx, "cuCtxCreate", pctx, flags, dev);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev)
 {
-	FORWARD_CREATE(create_fn, "cuCtxCreate_v2", pctx, flags, dev);
+	FORWARD(create_fn, pctx, "cuCtxCreate_v2", pctx, flags, dev);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams,
                                            unsigned int flags, CUdevice dev)
 {
-	FORWARD_CREATE(create_v3_fn, "cuCtxCreate_v3", pctx, paramsArray, numParams, flags, dev);
+	FORWARD(create_v3_fn, pctx, "cuCtxCreate_v3", pctx, paramsArray, numParams, flags, dev);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
                                            CUdevice dev)
 {
-	FORWARD_CREATE(create_v4_fn, "cuCtxCreate_v4", pctx, ctxCreateParams, flags, dev);
+	FORWARD(create_v4_fn, pctx, "cuCtxCreate_v4", pctx, ctxCreateParams, flags, dev);
 }
 
 EMM_EXPORT CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)

@@ -29,27 +29,16 @@
 #include "process/process_internal.h"
 #include "process/process.h"
 
-static bool match_ctx(const struct ctx_entry *e, const void *arg)
-{
-	return e->ctx == (CUcontext)arg;
-}
-
 /* The device of `ctx`: the driver's answer, else the registry's; -1. */
 static int device_of(CUcontext ctx)
 {
 	const struct emm_real_driver_table *real = st_real_table();
-	struct ctx_entry *e;
 	CUdevice dev;
-	int ret = -1;
+	bool primary;
 
 	if (real && real->cuCtxGetDevice_v2 && real->cuCtxGetDevice_v2(&dev, ctx) == CUDA_SUCCESS)
 		return dev;
-	st_lock(&st_ctx_lock);
-	e = st_ctx_find_locked(match_ctx, ctx, false);
-	if (e)
-		ret = e->device;
-	st_unlock(&st_ctx_lock);
-	return ret;
+	return st_ctx_lookup(ctx, &dev, &primary) ? dev : -1;
 }
 
 /* Device `device`'s new segments are not offered from now on, and its

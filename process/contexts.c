@@ -467,6 +467,20 @@ struct ctx_entry *st_ctx_find_locked(st_ctx_match_fn match, const void *arg, boo
 	return NULL;
 }
 
+bool st_ctx_lookup(CUcontext ctx, CUdevice *ret_device, bool *ret_primary)
+{
+	struct ctx_entry *e;
+
+	st_lock(&st_ctx_lock);
+	e = entry_find_locked(ctx);
+	if (e) {
+		*ret_device = e->device;
+		*ret_primary = e->primary;
+	}
+	st_unlock(&st_ctx_lock);
+	return e != NULL;
+}
+
 /* --- the heaps of the registry ----------------------------------------- */
 
 struct heap_ref *st_snapshot_locked(size_t *ret_count)

@@ -160,16 +160,16 @@ int st_primary_state(CUdevice dev)
 static struct {
 	CUcontext ctx;
 	CUdevice dev;
-} reset_primaries[16];
+} dead_contexts[16];
 static pthread_mutex_t reset_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void note_dead(CUcontext ctx, CUdevice dev)
 {
 	pthread_mutex_lock(&reset_lock);
-	for (unsigned i = 0; i < sizeof(reset_primaries) / sizeof(reset_primaries[0]); i++) {
-		if (!reset_primaries[i].ctx || reset_primaries[i].ctx == ctx) {
-			reset_primaries[i].ctx = ctx;
-			reset_primaries[i].dev = dev;
+	for (unsigned i = 0; i < sizeof(dead_contexts) / sizeof(dead_contexts[0]); i++) {
+		if (!dead_contexts[i].ctx || dead_contexts[i].ctx == ctx) {
+			dead_contexts[i].ctx = ctx;
+			dead_contexts[i].dev = dev;
 			break;
 		}
 	}
@@ -187,9 +187,9 @@ void emm_state_context_made(CUcontext ctx)
 	if (!ctx || !st_tool_injected)
 		return;
 	pthread_mutex_lock(&reset_lock);
-	for (unsigned i = 0; i < sizeof(reset_primaries) / sizeof(reset_primaries[0]); i++)
-		if (reset_primaries[i].ctx == ctx && reset_primaries[i].dev < 0)
-			reset_primaries[i].ctx = NULL; /* the handle is a live context again */
+	for (unsigned i = 0; i < sizeof(dead_contexts) / sizeof(dead_contexts[0]); i++)
+		if (dead_contexts[i].ctx == ctx && dead_contexts[i].dev < 0)
+			dead_contexts[i].ctx = NULL; /* the handle is a live context again */
 	pthread_mutex_unlock(&reset_lock);
 }
 
@@ -197,13 +197,13 @@ bool st_context_known_dead(CUcontext ctx)
 {
 	CUdevice dev = -1;
 	int state;
-	unsigned i, n = sizeof(reset_primaries) / sizeof(reset_primaries[0]);
+	unsigned i, n = sizeof(dead_contexts) / sizeof(dead_contexts[0]);
 
 	pthread_mutex_lock(&reset_lock);
-	for (i = 0; i < n && reset_primaries[i].ctx != ctx; i++)
+	for (i = 0; i < n && dead_contexts[i].ctx != ctx; i++)
 		;
 	if (i < n)
-		dev = reset_primaries[i].dev;
+		dev = dead_contexts[i].dev;
 	pthread_mutex_unlock(&reset_lock);
 	if (i < n && dev < 0)
 		return true; /* destroyed by the program */
@@ -211,20 +211,16 @@ bool st_context_known_dead(CUcontext ctx)
 		/* A reset no shim saw (shared cudart's cudaDeviceReset passed
 		 * none, measured under compute-sanitizer: the failed cuCtxGetId
 		 * was reported): one of our primaries, now inactive, is dead. */
-		struct ctx_entry *e;
+		bool primary;
 
-		st_lock(&st_ctx_lock);
-		e = st_ctx_find_locked(match_ctx, ctx, false);
-		dev = e && e->primary ? e->device : -1;
-		st_unlock(&st_ctx_lock);
-		return dev >= 0 && st_primary_state(dev) == 0;
+		return st_ctx_lookup(ctx, &dev, &primary) && primary && st_primary_state(dev) == 0;
 	}
 	if ((state = st_primary_state(dev)) < 0)
 		return false;
 	if (state == 1) { /* retained again: the same handle, a live context */
 		pthread_mutex_lock(&reset_lock);
-		if (reset_primaries[i].ctx == ctx)
-			reset_primaries[i].ctx = NULL;
+		if (dead_contexts[i].ctx == ctx)
+			dead_contexts[i].ctx = NULL;
 		pthread_mutex_unlock(&reset_lock);
 	}
 	return state == 0;

@@ -220,6 +220,9 @@ extern atomic_uint_fast64_t st_ctx_generation;
  * `match` accepts, or NULL; with `unlink` it leaves the registry. */
 typedef bool (*st_ctx_match_fn)(const struct ctx_entry *e, const void *arg);
 struct ctx_entry *st_ctx_find_locked(st_ctx_match_fn match, const void *arg, bool unlink);
+/* Takes st_ctx_lock: whether the registry has an entry for ctx, and then
+ * its device and whether it is the device's primary context. */
+bool st_ctx_lookup(CUcontext ctx, CUdevice *ret_device, bool *ret_primary);
 /* Drop `stale` and its heaps (contexts_drop.c); false if it was gone
  * already or exit has begun. */
 bool st_drop_entry(struct ctx_entry *stale);
