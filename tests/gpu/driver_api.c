@@ -623,26 +623,15 @@ TEST_END
 
 int main(int argc, char **argv)
 {
-	int count = 0;
-	CUresult r;
+	int rc;
 
 	collect_preinit_codes(); /* before cuInit, in both modes */
 	if (argc > 1 && strcmp(argv[1], "--codes") == 0)
 		return print_codes();
 
-	r = cuInit(0);
-	if (r == CUDA_SUCCESS)
-		r = cuDeviceGetCount(&count);
-	if (r != CUDA_SUCCESS || count == 0) {
-		printf("skip: no usable CUDA device (cuInit/cuDeviceGetCount: %s, %d devices)\n", cu_name(r),
-		       count);
-		return GPU_SKIP;
-	}
-	if (cuDeviceGet(&dev, 0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&primary, dev) != CUDA_SUCCESS ||
-	    cuCtxSetCurrent(primary) != CUDA_SUCCESS) {
-		printf("FAIL: cannot make device 0's primary context current\n");
-		return 1;
-	}
+	rc = gpu_primary_current(&dev, &primary);
+	if (rc != 0)
+		return rc;
 	printf("driver-api: libemm %s; cuMemAlloc_v2 resolves in %s\n",
 	       gpu_emm_present() ? "loaded" : "NOT loaded", gpu_where(dlsym(RTLD_DEFAULT, "cuMemAlloc_v2")));
 
@@ -651,7 +640,7 @@ int main(int argc, char **argv)
 	    test_host_alloc,   test_address_range, test_ctx_create,
 	    test_mem_get_info, test_error_codes,   NULL,
 	};
-	int rc = emm_test_run_list(tests);
+	rc = emm_test_run_list(tests);
 	if (cuCtxSynchronize() != CUDA_SUCCESS) {
 		printf("FAIL: context error at the end\n");
 		rc = 1;

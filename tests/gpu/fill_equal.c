@@ -91,23 +91,12 @@ int main(void)
 {
 	CUdevice dev;
 	CUcontext ctx;
-	int count = 0;
-	CUresult r = cuInit(0);
+	int rc = gpu_primary_current(&dev, &ctx);
 
-	if (r == CUDA_SUCCESS)
-		r = cuDeviceGetCount(&count);
-	if (r != CUDA_SUCCESS || count == 0) {
-		printf("skip: no usable CUDA device (cuInit/cuDeviceGetCount: %d, %d devices)\n", (int)r,
-		       count);
-		return GPU_SKIP;
-	}
-	if (cuDeviceGet(&dev, 0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-	    cuCtxSetCurrent(ctx) != CUDA_SUCCESS) {
-		printf("FAIL: cannot make device 0's primary context current\n");
-		return 1;
-	}
+	if (rc != 0)
+		return rc;
 	emm_test_fn tests[] = {test_fill_equal, NULL};
-	int rc = emm_test_run_list(tests);
+	rc = emm_test_run_list(tests);
 	gpu_print_served("fill-equal");
 	cuDevicePrimaryCtxRelease(dev);
 	return rc;

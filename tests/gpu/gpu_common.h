@@ -18,6 +18,7 @@
 #ifndef EMM_TESTS_GPU_COMMON_H
 #define EMM_TESTS_GPU_COMMON_H
 
+#include <cuda.h>
 #include <dlfcn.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -34,6 +35,28 @@
 
 /* Exit status of a program that found no GPU or no driver. */
 #define GPU_SKIP 77
+
+/* The driver programs' start: cuInit, device 0's primary context retained
+ * (*ret_dev, *ret_ctx) and made current. 0; GPU_SKIP (said) without a
+ * usable device; 1 (said) when the context cannot be made current. */
+static inline int gpu_primary_current(CUdevice *ret_dev, CUcontext *ret_ctx)
+{
+	int count = 0;
+	CUresult r = cuInit(0);
+
+	if (r == CUDA_SUCCESS)
+		r = cuDeviceGetCount(&count);
+	if (r != CUDA_SUCCESS || count == 0) {
+		printf("skip: no usable CUDA device (cuInit/cuDeviceGetCount: %d, %d devices)\n", (int)r, count);
+		return GPU_SKIP;
+	}
+	if (cuDeviceGet(ret_dev, 0) != CUDA_SUCCESS || cuDevicePrimaryCtxRetain(ret_ctx, *ret_dev) != CUDA_SUCCESS ||
+	    cuCtxSetCurrent(*ret_ctx) != CUDA_SUCCESS) {
+		printf("FAIL: cannot make device 0's primary context current\n");
+		return 1;
+	}
+	return 0;
+}
 
 typedef int (*gpu_stats_get_fn)(int device, struct emm_stats *out);
 

@@ -277,11 +277,7 @@ static void dead_mode(void)
 	CUdeviceptr a;
 	pthread_t t;
 
-#if CUDA_VERSION >= 13000
 	CHECK(cuCtxCreate(&dead_ctx, NULL, 0, 0) == CUDA_SUCCESS);
-#else
-	CHECK(cuCtxCreate(&dead_ctx, 0, 0) == CUDA_SUCCESS);
-#endif
 	CHECK(cuMemAlloc(&dead_blk, 1000) == CUDA_SUCCESS);
 	find_tool();
 	CHECK(pthread_barrier_init(&dead_bar, NULL, 2) == 0);
@@ -292,11 +288,7 @@ static void dead_mode(void)
 	CHECK(pthread_join(t, NULL) == 0);
 	CHECK(dead_rc == CUDA_ERROR_CONTEXT_IS_DESTROYED && dead_ids == 0);
 	/* A new context: served and annotated as usual. */
-#if CUDA_VERSION >= 13000
 	CHECK(cuCtxCreate(&again, NULL, 0, 0) == CUDA_SUCCESS);
-#else
-	CHECK(cuCtxCreate(&again, 0, 0) == CUDA_SUCCESS);
-#endif
 	CHECK(cuMemAlloc(&a, 2000) == CUDA_SUCCESS && region(a) == 2000);
 	CHECK(cuMemFree(a) == CUDA_SUCCESS);
 	CHECK(cuCtxDestroy(again) == CUDA_SUCCESS);
@@ -378,11 +370,7 @@ static void destroyed_mode(void)
 	CUcontext c2;
 	CUdeviceptr a, b, big;
 
-#if CUDA_VERSION >= 13000
 	CHECK(cuCtxCreate(&c2, NULL, 0, 0) == CUDA_SUCCESS);
-#else
-	CHECK(cuCtxCreate(&c2, 0, 0) == CUDA_SUCCESS);
-#endif
 	CHECK(cuMemAlloc(&a, 1000) == CUDA_SUCCESS);
 	find_tool();
 	CHECK(cuMemAlloc(&big, 30u << 20) == CUDA_SUCCESS && cuMemFree(big) == CUDA_SUCCESS);
