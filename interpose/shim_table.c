@@ -40,6 +40,7 @@ static const struct shim_entry shim_table[] = {
     SHIM(cuCtxPushCurrent),
     SHIM(cuCtxPushCurrent_v2),
     SHIM(cuCtxSetCurrent),
+    SHIM(cuCtxSynchronize),
     SHIM(cuDevicePrimaryCtxRelease_v2),
     SHIM(cuDevicePrimaryCtxReset_v2),
     SHIM(cuDevicePrimaryCtxRetain),

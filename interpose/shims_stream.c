@@ -140,6 +140,21 @@ EMM_EXPORT CUresult CUDAAPI cuStreamEndCapture_ptsz(CUstream hStream, CUgraph *p
 
 /* --- contexts ---------------------------------------------------------- */
 
+/* A context synchronisation completes all work issued before it: freed VMM
+ * buffers of the context need no fence of their own then
+ * (process/vmm_sync.c). */
+EMM_EXPORT CUresult CUDAAPI cuCtxSynchronize(void)
+{
+	bool on = emm_state_enabled();
+	uint64_t ticket = on ? emm_state_ctx_sync_begin() : 0;
+	CUresult r = REAL(cuCtxSynchronize) ? REAL(cuCtxSynchronize)() : CUDA_ERROR_NOT_INITIALIZED;
+
+	if (on && r == CUDA_SUCCESS)
+		emm_state_ctx_sync_done(ticket);
+	return r;
+}
+
+
 /* The driver frees a context's memory with it: its heaps are forgotten
  * without driver calls, and later frees of their pointers get the driver's
  * own error. */

@@ -296,6 +296,11 @@ void emm_state_primary_reset(CUdevice dev);
  * of ours for it is stale (reset behind our back, e.g. by cudaDeviceReset). */
 void emm_state_primary_retaining(CUdevice dev);
 
+/* Around cuCtxSynchronize (vmm_sync.c): the ticket before the call, and,
+ * once it succeeded, that ticket (for the current context). */
+uint64_t emm_state_ctx_sync_begin(void);
+void emm_state_ctx_sync_done(uint64_t ticket);
+
 /* cuCtxDestroy of `ctx` succeeded / a context `ctx` was made (created or
  * retained): under a tool libemm remembers which handles are dead, so that
  * it asks no id of one a thread still has current. */

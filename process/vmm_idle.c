@@ -226,8 +226,15 @@ void vmm_make_idle(struct vbuf *v)
 {
 	size_t threshold = st_opts->release_threshold, idle;
 
+	bool checker, lazy;
+
 	st_assert_unlocked("fencing a freed VMM buffer");
-	if (st_is_exiting() || fences_record(v) < 0) {
+	st_annotate_ensure_probed();
+	checker = atomic_load_explicit(&st_annotate_on, memory_order_relaxed);
+	/* Fenced by the program's next cuCtxSynchronize, or by events now. */
+	v->ticket = 0;
+	lazy = !checker && st_opts->free_mode == EMM_OPT_FREE_FENCE && vmm_sync_lazy_free(v);
+	if (st_is_exiting() || (!lazy && fences_record(v) < 0)) {
 		vmm_materialize(v);
 		return;
 	}
@@ -235,8 +242,7 @@ void vmm_make_idle(struct vbuf *v)
 	 * before it is done: the checker takes no VMM range as a heap
 	 * (annotate.c), so a buffer kept mapped for reuse would hide a use
 	 * after free that it reports without libemm. */
-	st_annotate_ensure_probed();
-	if (atomic_load_explicit(&st_annotate_on, memory_order_relaxed)) {
+	if (checker) {
 		fences_wait(v);
 		vmm_materialize(v);
 		return;
@@ -280,13 +286,20 @@ struct vbuf *vmm_idle_take_locked(size_t size, size_t align, CUcontext ctx, cons
 		}
 		if (!v)
 			return NULL;
-		if (v->nfences) {
+		if (v->ticket && vmm_sync_covered(v)) {
+			v->ticket = 0; /* a synchronisation came after its free */
+		} else if (v->ticket || v->nfences) {
+			/* Events: recorded now for a buffer no synchronisation
+			 * has covered (they cover what was issued before its
+			 * free too), then queried. */
 			if (nchecked == MAX_CHECKS)
 				return NULL;
 			checked[nchecked++] = v;
 			v->busy = true;
 			st_unlock(&vmm_lock);
-			ready = fences_ready(v);
+			if (v->ticket && fences_record(v) == 0)
+				v->ticket = 0;
+			ready = !v->ticket && fences_ready(v);
 			st_lock(&vmm_lock);
 			v->busy = false;
 			pthread_cond_broadcast(&vmm_busy_cond);
@@ -462,6 +475,7 @@ void st_vmm_fork_child(void)
 	pending_head = pending_tail = idle_head = idle_tail = NULL;
 	memset(idle_bytes, 0, sizeof(idle_bytes));
 	vmm_tables_fork_child();
+	vmm_sync_fork_child();
 	for (int i = 0; i < MAX_DEVICES + 2; i++)
 		for (int c = 0; c < VC__COUNT; c++)
 			atomic_store(&counters[i][c], 0);

@@ -67,10 +67,17 @@ struct vbuf {
 	struct emm_fence_pool *pool;
 	uint64_t fences[VMM_MAX_FENCES];
 	unsigned nfences;
+	uint64_t ticket; /* idle, fenced by a later cuCtxSynchronize (vmm_sync.c); 0: not */
 	enum vbuf_list list;
 	struct vbuf *prev, *next; /* pending or idle list */
 	struct vbuf *hnext;	  /* handle hash chain */
 };
+
+/* vmm_sync.c: a free fenced by the program's next cuCtxSynchronize
+ * instead of events (true: v->ticket set); whether one has come since. */
+bool vmm_sync_lazy_free(struct vbuf *v);
+bool vmm_sync_covered(const struct vbuf *v);
+void vmm_sync_fork_child(void);
 
 extern pthread_mutex_t vmm_lock;
 extern pthread_cond_t vmm_busy_cond;

@@ -269,6 +269,52 @@ TEST_BEGIN(test_fence_holds_freed_buffer)
 }
 TEST_END
 
+/* XLA's platform allocator synchronizes the context before every free:
+ * such a free records no event and queries no stream (process/vmm_sync.c);
+ * the buffer is taken once a later synchronisation covers it, and the last
+ * one freed before the allocations (no synchronisation since) is fenced
+ * by events at its reuse. Without the synchronisations every free records
+ * its event, as before. */
+TEST_BEGIN(test_sync_before_free_needs_no_fence)
+{
+	enum { NS = 18, NB = 3, ROUNDS = 3 };
+	CUstream s[NS];
+	struct vmm_buf b[NB];
+	unsigned long long records[2], queries[2], driver[2];
+
+	for (int i = 0; i < NS; i++)
+		assert_int_eq(cuStreamCreate(&s[i], CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	for (int sync = 1; sync >= 0; sync--) {
+		shims_release_idle(-1, 0);
+		for (int round = 0; round <= ROUNDS; round++) {
+			if (round == 1)
+				fakecuda_reset_counters();
+			for (int i = 0; i < NB; i++)
+				assert_int_eq(xla_alloc(&b[i], 4 * MIB), CUDA_SUCCESS);
+			for (int i = 0; i < NB; i++) {
+				if (sync)
+					assert_int_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+				assert_int_eq(vmm_call_free(&b[i]), CUDA_SUCCESS);
+			}
+		}
+		records[sync] = fakecuda_calls("cuEventRecord");
+		queries[sync] = fakecuda_calls("cuStreamQuery");
+		driver[sync] = vmm_calls();
+	}
+	/* Every round's allocations from the cache, with or without. */
+	expect_u64_eq(driver[0], 0);
+	expect_u64_eq(driver[1], 0);
+	/* Without: an event and a query of each stream per free. */
+	expect_u64_eq(records[0], ROUNDS * NB);
+	expect_u64_eq(queries[0], ROUNDS * NB * NS);
+	/* With: per round, only the last buffer freed is fenced by events. */
+	expect_u64_eq(records[1], ROUNDS);
+	expect_u64_eq(queries[1], ROUNDS * NS);
+	for (int i = 0; i < NS; i++)
+		assert_int_eq(cuStreamDestroy(s[i]), CUDA_SUCCESS);
+}
+TEST_END
+
 /* Idle VMM memory is free memory: cuMemGetInfo counts it, emm_release_idle
  * and an out-of-memory cuMemCreate or cuMemAlloc give it back. */
 TEST_BEGIN(test_idle_is_free_memory)
@@ -590,7 +636,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	return emm_test_run(test_xla_pattern_served_from_cache, test_xla_create_first_order,
-	                    test_idle_buffer_given_back_after_a_second,
+	                    test_idle_buffer_given_back_after_a_second, test_sync_before_free_needs_no_fence,
 	                    test_sleep_pattern_gives_memory_back,
 	                    test_shared_and_partial_pass_through, test_fence_holds_freed_buffer,
 	                    test_idle_is_free_memory, test_threads, test_lookups_substituted, test_free_orders,
