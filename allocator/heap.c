@@ -461,6 +461,8 @@ int emm_heap_create_paged(const struct emm_heap_params *params, const struct emm
 	heap->large_shared = params->hold_peak && pages && pages->unmap && pages->map;
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		heap->arenas[i] = arena_create(heap, params, src, pages, fence);
+		if (heap->arenas[i])
+			heap->arenas[i]->bit = (uint64_t)1 << i;
 		if (!heap->arenas[i]) {
 			while (i-- > 0)
 				arena_destroy(heap->arenas[i], false);

@@ -379,6 +379,8 @@ int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t 
 	b->size = seg_size;
 	h->st.backend_allocs++;
 	h->st.segments++;
+	if (!(atomic_load_explicit(&h->owner->holding, memory_order_relaxed) & h->bit))
+		atomic_fetch_or_explicit(&h->owner->holding, h->bit, memory_order_relaxed);
 	stat_add(&h->st.reserved, &h->st.reserved_peak, &h->st.reserved_total, seg_size);
 	heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, (int64_t)seg_size);
 	*ret = emm_pool_block_ready(h, b, 0);

@@ -151,6 +151,7 @@ struct arena {
 	pthread_mutex_t lock;
 	pthread_cond_t inflight_cv; /* an inflight[] count dropped to 0 */
 	struct emm_heap *owner;
+	uint64_t bit; /* 1 << its index in owner->arenas (owner->holding) */
 	struct emm_heap_params p;
 	struct emm_segment_source src;
 	struct emm_fence_ops fops;
@@ -227,6 +228,10 @@ struct emm_heap {
 	bool large_shared;
 	uint64_t uid; /* unique per heap of the process, for the thread caches */
 	struct arena *arenas[MAX_ARENAS];
+	/* Bit i: arena i has had a segment (set on its first, never cleared).
+	 * A miss looks for ready blocks only in those (heap_alloc.c): with 64
+	 * CPUs and 16 threads the other 48 arenas are empty. */
+	_Atomic uint64_t holding;
 	/* Heap-wide bytes for the peaks (per-arena peaks do not add up):
 	 * reserved exactly (segments change rarely); allocated and requested
 	 * from per-arena deltas, flushed once they grow by STAT_FLUSH_UP or

@@ -8,10 +8,16 @@
  * Then the same loop on 1, 2, 4, 8 threads sharing one heap (each thread
  * on its own per-thread stream key for the stream-ordered path).
  *
- *   bench-core [--quick] [--threads] [--private]
+ *   bench-core [--quick] [--threads] [--private] [--arenas N]
+ *              [--working-set [--iters N] [--max-threads N]]
  *
  * --threads runs only the thread table; --private gives each thread its own
  * heap (the block map stays shared), to tell heap sharing from the rest.
+ * --working-set runs only the working-set table: each thread keeps 64 live
+ * blocks of random sizes (256 B - 8 MiB, log-uniform: tests/gpu/bench-threads'
+ * loop) and replaces one per iteration, on 1..16 threads sharing one heap,
+ * with the fence work per pair from the heap's counters.
+ * --arenas N sets the heap's arena count (default: one per CPU, as libemm).
  *
  * Paths:
  *   sync/fence   - alloc(SYNC) + free(SYNC), FENCE mode with fence ops: the
@@ -22,6 +28,7 @@
  *                  reuse
  */
 #include <inttypes.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -37,6 +44,8 @@
 
 static unsigned batch = 1000, batches = 301, warmup = 20000;
 static bool private_heaps; /* --private: one heap per thread (isolates heap sharing) */
+static unsigned arenas;     /* --arenas: 0 = one per CPU */
+static unsigned ws_iters, ws_max_threads = 16; /* --iters, --max-threads (working set) */
 
 /* --- doubles -------------------------------------------------------------- */
 
@@ -183,6 +192,7 @@ static emm_heap_t *make_heap(enum path p)
 		exit(1);
 	}
 	emm_heap_params_default(&params);
+	params.arenas = arenas;
 	if (emm_heap_create(&params, &src, p == PATH_SYNC_NOFENCE ? NULL : &fence_ops, 0, &h)) {
 		fprintf(stderr, "heap create failed\n");
 		exit(1);
@@ -247,13 +257,113 @@ static void run(enum path p, size_t size, unsigned threads, double *med, double 
 		emm_heap_destroy(priv[t], true);
 }
 
+/* --- the working set ------------------------------------------------------- */
+
+#define WS_LIVE 64
+
+static size_t ws_size(uint64_t *rng)
+{
+	/* xorshift64*, log-uniform over [256 B, 8 MiB) */
+	*rng ^= *rng >> 12;
+	*rng ^= *rng << 25;
+	*rng ^= *rng >> 27;
+	double u = (double)((*rng * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+	return (size_t)(256.0 * pow(32768.0, u));
+}
+
+struct ws_job {
+	emm_heap_t *heap;
+	unsigned id, iters;
+	pthread_barrier_t *barrier;
+	uint64_t ns;
+	int err;
+};
+
+static void *ws_loop(void *arg)
+{
+	struct ws_job *j = arg;
+	uint64_t rng = 0x9e3779b97f4a7c15ull * (j->id + 1);
+	emm_addr_t live[WS_LIVE];
+
+	for (unsigned i = 0; i < WS_LIVE; i++)
+		if (emm_heap_alloc(j->heap, ws_size(&rng), EMM_STREAM_SYNC, &live[i]))
+			j->err = 1;
+	for (unsigned i = 0; i < WS_LIVE * 4 && !j->err; i++) {
+		unsigned k = (unsigned)(rng % WS_LIVE);
+		if (emm_heap_free(live[k], EMM_STREAM_SYNC, NULL) ||
+		    emm_heap_alloc(j->heap, ws_size(&rng), EMM_STREAM_SYNC, &live[k]))
+			j->err = 1;
+	}
+	pthread_barrier_wait(j->barrier);
+	uint64_t t0 = now_ns();
+	for (unsigned i = 0; i < j->iters && !j->err; i++) {
+		unsigned k = (unsigned)(rng % WS_LIVE);
+		if (emm_heap_free(live[k], EMM_STREAM_SYNC, NULL) ||
+		    emm_heap_alloc(j->heap, ws_size(&rng), EMM_STREAM_SYNC, &live[k]))
+			j->err = 1;
+	}
+	j->ns = now_ns() - t0;
+	for (unsigned i = 0; i < WS_LIVE; i++)
+		emm_heap_free(live[i], EMM_STREAM_SYNC, NULL);
+	return NULL;
+}
+
+static void working_set(void)
+{
+	unsigned iters = ws_iters ? ws_iters : batches * batch / 10;
+
+	printf("Working set (%d live blocks of 256 B - 8 MiB per thread, one replaced per pair), "
+	       "%u pairs per thread, sync/fence path\n\n", WS_LIVE, iters);
+	printf("| threads | ns per pair per thread | aggregate Mpairs/s | per pair: events recorded | "
+	       "epochs closed | backend allocs |\n|---|---|---|---|---|---|\n");
+	for (unsigned threads = 1; threads <= ws_max_threads; threads *= 2) {
+		emm_heap_t *h = make_heap(PATH_SYNC_FENCE);
+		struct ws_job jobs[16];
+		pthread_t th[16];
+		pthread_barrier_t bar;
+		struct emm_stats before = {0}, after = {0};
+		uint64_t wall = 0;
+
+		pthread_barrier_init(&bar, NULL, threads + 1);
+		for (unsigned t = 0; t < threads; t++) {
+			jobs[t] = (struct ws_job){.heap = h, .id = t, .iters = iters, .barrier = &bar};
+			pthread_create(&th[t], NULL, ws_loop, &jobs[t]);
+		}
+		pthread_barrier_wait(&bar);
+		emm_heap_add_stats(h, &before);
+		for (unsigned t = 0; t < threads; t++)
+			pthread_join(th[t], NULL);
+		emm_heap_add_stats(h, &after);
+		for (unsigned t = 0; t < threads; t++) {
+			if (jobs[t].err) {
+				fprintf(stderr, "allocation failed\n");
+				exit(1);
+			}
+			if (jobs[t].ns > wall)
+				wall = jobs[t].ns;
+		}
+		double pairs = (double)iters * threads;
+		printf("| %u | %.1f | %.2f | %.4f | %.4f | %.4f |\n", threads, (double)wall / iters,
+		       pairs / ((double)wall / 1e9) / 1e6, (after.events_recorded - before.events_recorded) / pairs,
+		       (after.epochs_closed - before.epochs_closed) / pairs,
+		       (after.backend_allocs - before.backend_allocs) / pairs);
+		fflush(stdout);
+		if (emm_heap_check(h) != 0) {
+			fprintf(stderr, "heap check failed\n");
+			exit(1);
+		}
+		pthread_barrier_destroy(&bar);
+		emm_heap_destroy(h, true);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	static const size_t sizes[] = {256, 64 * KIB, 1 * MIB, 16 * MIB};
 	static const char *size_names[] = {"256 B", "64 KiB", "1 MiB", "16 MiB"};
 	double med, p10, p90, mops;
 
-	bool threads_only = false;
+	bool threads_only = false, ws_only = false;
 	for (int i = 1; i < argc; i++) {
 		if (strcmp(argv[i], "--quick") == 0) {
 			batches = 31;
@@ -262,10 +372,25 @@ int main(int argc, char **argv)
 			private_heaps = true;
 		} else if (strcmp(argv[i], "--threads") == 0) {
 			threads_only = true;
+		} else if (strcmp(argv[i], "--working-set") == 0) {
+			ws_only = true;
+		} else if (strcmp(argv[i], "--arenas") == 0 && i + 1 < argc) {
+			arenas = (unsigned)atoi(argv[++i]);
+		} else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
+			ws_iters = (unsigned)atoi(argv[++i]);
+		} else if (strcmp(argv[i], "--max-threads") == 0 && i + 1 < argc) {
+			ws_max_threads = (unsigned)atoi(argv[++i]);
+			if (ws_max_threads > 16)
+				ws_max_threads = 16;
 		} else {
-			fprintf(stderr, "usage: bench-core [--quick] [--threads] [--private]\n");
+			fprintf(stderr, "usage: bench-core [--quick] [--threads] [--private] [--arenas N] "
+			                "[--working-set [--iters N] [--max-threads N]]\n");
 			return 2;
 		}
+	}
+	if (ws_only) {
+		working_set();
+		return 0;
 	}
 	if (threads_only)
 		goto threads;
