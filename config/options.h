@@ -67,7 +67,7 @@ struct emm_options {
 	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */
 	bool pinned;		   /* EMM_PINNED: cache pinned host allocations (on) */
 	bool runtime_shims;	   /* EMM_RUNTIME_SHIMS: serve shared-cudart cudaMalloc directly (on) */
-	bool context_check;	   /* EMM_CONTEXT_CHECK: cuCtxGetId on every context lookup (on) */
+	bool context_check;	   /* EMM_CONTEXT_CHECK: cuCtxGetId on every context lookup (off) */
 	unsigned arenas;	   /* EMM_ARENAS: arenas per heap (0: one per CPU, <= 64) */
 	bool thread_cache;	   /* EMM_THREAD_CACHE: per-thread front cache (off) */
 	unsigned teardown_wait;	   /* EMM_TEARDOWN_WAIT: ms a teardown waits for threads inside (2000) */

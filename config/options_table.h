@@ -161,7 +161,7 @@ static const char *const vmm_names[] = {
 	  "Cache pinned host allocations (cuMemHostAlloc, cuMemAllocHost)")                           \
 	X(RUNTIME_SHIMS, runtime_shims, BOOL, B(true), "", NOLIMIT,                                   \
 	  "Serve cudaMalloc and cudaFree of shared-cudart programs directly")                         \
-	X(CONTEXT_CHECK, context_check, BOOL, B(true), "", NOLIMIT,                                   \
+	X(CONTEXT_CHECK, context_check, BOOL, B(false), "", NOLIMIT,                                  \
 	  "Ask the driver for the current context's id on every call (off: trust the per-thread "     \
 	  "cache, emptied by libemm's context shims; see process/contexts.c)")                        \
 	/* 0: one arena per CPU, at most 64, rounded down to a power of two. */                        \

@@ -23,31 +23,30 @@
  * the same (emm_state_validate_current) before the pool takes the block.
  * Without cuCtxGetId (drivers before 12.0) the handle is the key.
  *
- * When may a hit skip the driver (EMM_CONTEXT_CHECK=off)? Only if every
- * change of a thread's current context, and every reset or destruction of
- * a context, passes a shim of ours. For the driver API it does: the calls
- * that change the current context are all shimmed (above; cuCtxDestroy,
- * cuDevicePrimaryCtxReset/Release/Retain in shims_stream.c), whether the
- * program links them, dlsyms them or gets them from cuGetProcAddress (the
- * resolvers substitute every shimmed export, cudart's own lookups
- * included) - except green contexts (cuGreenCtxDestroy is not shimmed)
- * and the deprecated cuCtxAttach/cuCtxDetach. It does not for a static
- * cudart: cudaDeviceReset is verified
- * (tests/shims/probe_ctxid.c, H200) to reset the primary context through
- * no exported entry point, and whether cudart's cudaSetDevice and its
- * re-retain after a reset use its cuGetProcAddress table (shimmed) or the
- * driver's private export table (not) is not verified. A hit served from
- * a reset context's heap would hand out memory the driver has freed, and
- * one after an unseen cudaSetDevice memory of another device: no cheap
- * host-side check can tell (the current context lives in the driver's
- * thread state). So the check stays on by default (one cuCtxGetId per
- * lookup, as before); EMM_CONTEXT_CHECK=off makes a hit driver-call free
- * for programs that change contexts only through the driver API or shared
- * cudart (tests/shims/test_shims_ctx_cache.c counts the calls), and the
- * GPU runs with it off (tests/gpu/ctx_cache.cu, built with static and
- * shared cudart; race-contexts-ctx-trust, race-multidevice-ctx-trust) tell
- * whether a static cudart is covered too. libemm's own pushes and pops
- * (segments.c, api.c, fence_cuda.c) empty the cache like the shims do.
+ * When may a hit skip the driver (EMM_CONTEXT_CHECK=off, the default)?
+ * Only if every change of a thread's current context, and every reset or
+ * destruction of a context, passes a shim of ours. For the driver API it
+ * does: the calls that change the current context are all shimmed (above;
+ * cuCtxDestroy, cuDevicePrimaryCtxReset/Release/Retain in shims_stream.c),
+ * whether the program links them, dlsyms them or gets them from
+ * cuGetProcAddress (the resolvers substitute every shimmed export,
+ * cudart's own lookups included) - except green contexts
+ * (cuGreenCtxDestroy is not shimmed) and the deprecated
+ * cuCtxAttach/cuCtxDetach. A static cudart's cudaDeviceReset resets the
+ * primary context through no exported entry point (tests/shims/
+ * probe_ctxid.c, H200), but its next call retains the primary again
+ * through our cuDevicePrimaryCtxRetain shim, which finds the heap of the
+ * inactive primary stale. On four H200s (RESULTS.md section 26) a static
+ * and a shared cudart were right with the cache trusted across
+ * cudaSetDevice between devices and across cudaDeviceReset
+ * (tests/gpu/ctx_cache.cu), and the whole gpu and race suites passed with
+ * it. So the default trusts the cache: one cuCtxGetId per lookup cost a
+ * cached cudaMalloc pair 0.41 against 0.15 us (RESULTS.md section 19).
+ * EMM_CONTEXT_CHECK=on asks the driver on every lookup, for programs that
+ * use green contexts or cuCtxAttach (tests: the -check twins;
+ * tests/shims/test_shims_ctx_cache.c counts the calls). libemm's own
+ * pushes and pops (segments.c, api.c, fence_cuda.c) empty the cache like
+ * the shims do.
  * Either way, once the driver has named the context in a guarded call
  * (st_tls_ctx.verified), the rest of that call trusts the cache: an epoch
  * closed by the free records its events without asking cuCtxGetCurrent.

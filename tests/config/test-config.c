@@ -189,7 +189,7 @@ TEST_BEGIN(test_every_option_from_env)
 		"EMM_MEMINFO_CACHED=False",
 		"EMM_PINNED=0",
 		"EMM_RUNTIME_SHIMS=NO",
-		"EMM_CONTEXT_CHECK=off",
+		"EMM_CONTEXT_CHECK=on",
 		"EMM_ARENAS=4",
 		"EMM_THREAD_CACHE=on",
 		"EMM_TEARDOWN_WAIT=250",
@@ -236,7 +236,7 @@ TEST_BEGIN(test_every_option_from_env)
 	expect_false(p.o.meminfo_cached);
 	expect_false(p.o.pinned);
 	expect_false(p.o.runtime_shims);
-	expect_false(p.o.context_check);
+	expect_true(p.o.context_check);
 	expect_int_eq(p.o.arenas, 4);
 	expect_true(p.o.thread_cache);
 	expect_int_eq(p.o.vmm, EMM_OPT_VMM_COUNT);

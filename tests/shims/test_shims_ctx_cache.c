@@ -3,11 +3,11 @@
  * tests/shims/test_shims_ctx_cache.c - the per-thread context cache of
  * process/contexts.c over the test-double driver (LD_PRELOAD=libemm.so).
  *
- * Argument "trust" (run with EMM_CONTEXT_CHECK=off): a cached pair makes no
+ * Argument "trust" (EMM_CONTEXT_CHECK=off, the default): a cached pair makes no
  * driver call at all - no context lookup (cuCtxGetId, cuCtxGetCurrent), no
  * event - for stream-ordered pairs, and no context lookup for synchronous
  * pairs (whose epochs still record an event per EMM_EPOCH_BLOCKS frees).
- * Argument "check" (the default EMM_CONTEXT_CHECK=on): one cuCtxGetId per
+ * Argument "check" (run with EMM_CONTEXT_CHECK=on): one cuCtxGetId per
  * call, as documented. Argument "tool" (NVTX_INJECTION64_PATH set, as
  * compute-sanitizer does): a thread without a context is found without a
  * failed cuCtxGetId. All: every change of the current context through
