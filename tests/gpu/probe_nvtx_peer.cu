@@ -16,6 +16,10 @@
  *   region-peer    the same registration, the kernel on device 0
  *   region-both    heap and region registered again with device 0 current, the kernel on device 0
  *   region-perm    as region-peer, after nvtxMemCudaSetPeerAccess(device 0's permissions, peer 1, read+write)
+ *   region-perm-1  as region-peer, after nvtxMemCudaSetPeerAccess(device 1's permissions, peer 0, read+write)
+ *   region-assign  as region-peer, after nvtxMemPermissionsAssign of the block (by pointer) read+write+atomic
+ *                  in the process-wide permissions
+ *   region-assign-0  the same in device 0's device-wide permissions
  *
  * Each case with "-oob" appended reads past the block's end: a tool that
  * checks the region reports one error per thread past it.
@@ -62,7 +66,8 @@ static void annotate(void *seg, size_t seg_size, void *block, size_t block_size)
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
-		fprintf(stderr, "usage: probe-nvtx-peer plain|region-own|region-peer|region-both|region-perm[-oob]\n");
+		fprintf(stderr, "usage: probe-nvtx-peer plain|region-own|region-peer|region-both|region-perm|region-perm-1|"
+		                "region-assign|region-assign-0[-oob]\n");
 		return 2;
 	}
 	char name[64];
@@ -73,9 +78,10 @@ int main(int argc, char **argv)
 		oob = true;
 		name[len - 4] = 0;
 	}
-	const char *cases[] = {"plain", "region-own", "region-peer", "region-both", "region-perm"};
+	const char *cases[] = {"plain",	       "region-own",    "region-peer",   "region-both",
+	                       "region-perm", "region-perm-1", "region-assign", "region-assign-0"};
 	int c = -1;
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < (int)(sizeof(cases) / sizeof(cases[0])); i++)
 		if (strcmp(name, cases[i]) == 0)
 			c = i;
 	if (c < 0)
@@ -102,9 +108,25 @@ int main(int argc, char **argv)
 	CK(cudaDeviceEnablePeerAccess(1, 0));
 	if (c == 3)
 		annotate(seg, seg_size, seg, block);
+	const uint32_t rw = NVTX_MEM_PERMISSIONS_REGION_FLAGS_READ | NVTX_MEM_PERMISSIONS_REGION_FLAGS_WRITE;
 	if (c == 4)
-		nvtxMemCudaSetPeerAccess(NULL, nvtxMemCudaGetDeviceWidePermissions(NULL, 0), 1,
-		                         NVTX_MEM_PERMISSIONS_REGION_FLAGS_READ | NVTX_MEM_PERMISSIONS_REGION_FLAGS_WRITE);
+		nvtxMemCudaSetPeerAccess(NULL, nvtxMemCudaGetDeviceWidePermissions(NULL, 0), 1, rw);
+	if (c == 5)
+		nvtxMemCudaSetPeerAccess(NULL, nvtxMemCudaGetDeviceWidePermissions(NULL, 1), 0, rw);
+	if (c == 6 || c == 7) {
+		nvtxMemPermissionsAssignRegionDesc_t r = {};
+		r.flags = rw | NVTX_MEM_PERMISSIONS_REGION_FLAGS_ATOMIC;
+		r.regionRefType = NVTX_MEM_REGION_REF_TYPE_POINTER;
+		r.region.pointer = seg;
+		nvtxMemPermissionsAssignBatch_t b = {};
+		b.extCompatID = NVTX_EXT_COMPATID_MEM;
+		b.structSize = sizeof(b);
+		b.permissions = c == 6 ? NVTX_MEM_PERMISSIONS_HANDLE_PROCESS_WIDE : nvtxMemCudaGetDeviceWidePermissions(NULL, 0);
+		b.regionCount = 1;
+		b.regionElementSize = sizeof(r);
+		b.regionElements = &r;
+		nvtxMemPermissionsAssign(NULL, &b);
+	}
 	CK(cudaSetDevice(run_on));
 	unsigned long long *sum;
 	CK(cudaMallocManaged(&sum, sizeof(*sum)));
