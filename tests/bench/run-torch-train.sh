@@ -62,23 +62,5 @@ for r in $(seq 1 "$rounds"); do
 	done
 done
 cat "$tmp/out.txt" >&2
-python3 - "$tmp/out.txt" "$rounds" "$steps" <<'PY'
-import collections, statistics, sys
-rows = collections.defaultdict(list)
-for line in open(sys.argv[1]):
-    if not line.startswith("TORCH-TRAIN "):
-        continue
-    kv = dict(f.split("=", 1) for f in line.split()[1:])
-    rows[kv["variant"]].append(kv)
-print("PyTorch training loop (6-layer transformer, d_model 1024, batch 16, sequence length 64-1023 changing "
-      "every step, %s steps), median of %s interleaved rounds:" % (sys.argv[3], sys.argv[2]))
-print()
-print("| variant | steps/s | NVML peak GiB | last loss (each round) | steps/s each round |")
-print("|---|---|---|---|---|")
-for name, rs in rows.items():
-    sps = statistics.median(float(r["steps_per_s"]) for r in rs)
-    peak = statistics.median(float(r["peak_nvml_gib"]) for r in rs)
-    served = " (libemm served %s)" % rs[-1]["emm_allocs"] if "emm_allocs" in rs[-1] else ""
-    print("| %s%s | %.2f | %.2f | %s | %s |" % (name, served, sps, peak, " ".join(r["loss"] for r in rs),
-                                           " ".join(r["steps_per_s"] for r in rs)))
-PY
+python3 "$here/bench_table.py" "$tmp/out.txt" TORCH-TRAIN torch-caching loss \
+	"PyTorch training loop (6-layer transformer, d_model 1024, batch 16, sequence length 64-1023 changing every step, $steps steps), median of $rounds interleaved rounds:"
