@@ -44,6 +44,18 @@ static unsigned enum_value(const void *field)
 	return v;
 }
 
+/* s into buf, cut to fit (n > 0): snprintf("%s") of a 256-byte path into a
+ * 64-byte buffer is the truncation GCC warns of at -O3. */
+static void put_str(char *buf, size_t n, const char *s)
+{
+	size_t len = strlen(s);
+
+	if (len >= n)
+		len = n - 1;
+	memcpy(buf, s, len);
+	buf[len] = 0;
+}
+
 static void format_value(const struct opt_row *r, const struct emm_options *o, char *buf, size_t n)
 {
 	const void *f = field_of(o, r);
@@ -60,14 +72,14 @@ static void format_value(const struct opt_row *r, const struct emm_options *o, c
 		break;
 	case OPT_ENUM: {
 		unsigned v = enum_value(f);
-		snprintf(buf, n, "%s", v < r->n_names ? r->names[v] : "?");
+		put_str(buf, n, v < r->n_names ? r->names[v] : "?");
 		break;
 	}
 	case OPT_STRING:
-		snprintf(buf, n, "%s", *(const char *)f ? (const char *)f : "\"\"");
+		put_str(buf, n, *(const char *)f ? (const char *)f : "\"\"");
 		break;
 	case OPT_OUTPUT:
-		snprintf(buf, n, "%s", o->stats_file[0] ? o->stats_file : !o->stats ? "off" : o->stats_json ? "json" : "on");
+		put_str(buf, n, o->stats_file[0] ? o->stats_file : !o->stats ? "off" : o->stats_json ? "json" : "on");
 		break;
 	case OPT_SIGNAL:
 		emm_format_signal(*(const unsigned *)f, buf, n);
