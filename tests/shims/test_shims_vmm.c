@@ -315,6 +315,38 @@ TEST_BEGIN(test_sync_before_free_needs_no_fence)
 }
 TEST_END
 
+/* A free made after a synchronisation takes no event (the lazy path), but
+ * work issued after that synchronisation may still use the buffer: it is
+ * not handed back before a later synchronisation or its events say so. */
+TEST_BEGIN(test_lazy_free_waits_for_later_work)
+{
+	struct vmm_buf a, b, c;
+	CUstream nb;
+
+	assert_int_eq(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	shims_release_idle(-1, 0);
+	assert_int_eq(xla_alloc(&a, 6 * MIB), CUDA_SUCCESS);
+	assert_int_eq(cuCtxSynchronize(), CUDA_SUCCESS);
+	fakecuda_set_event_delay(1000000); /* the work issued from here on runs on */
+	fakecuda_reset_counters();
+	assert_int_eq(vmm_call_free(&a), CUDA_SUCCESS);
+	expect_u64_eq(fakecuda_calls("cuEventRecord"), 0); /* lazy: fenced by the next sync */
+	assert_int_eq(xla_alloc(&b, 6 * MIB), CUDA_SUCCESS);
+	expect_true(b.va != a.va); /* not covered: its events, recorded now, are not done */
+	expect_u64_eq(fakecuda_calls("cuMemCreate"), 1);
+	expect_u64_eq(fake_stats().event_syncs + fake_stats().ctx_syncs, 0); /* no host wait */
+	assert_int_eq(cuCtxSynchronize(), CUDA_SUCCESS); /* covers a's free */
+	fakecuda_set_event_delay(0);
+	fakecuda_reset_counters();
+	assert_int_eq(xla_alloc(&c, 6 * MIB), CUDA_SUCCESS);
+	expect_true(c.va == a.va);
+	expect_u64_eq(vmm_calls(), 0);
+	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&c), CUDA_SUCCESS);
+	assert_int_eq(cuStreamDestroy(nb), CUDA_SUCCESS);
+}
+TEST_END
+
 /* Idle VMM memory is free memory: cuMemGetInfo counts it, emm_release_idle
  * and an out-of-memory cuMemCreate or cuMemAlloc give it back. */
 TEST_BEGIN(test_idle_is_free_memory)
@@ -637,6 +669,7 @@ int main(int argc, char **argv)
 	}
 	return emm_test_run(test_xla_pattern_served_from_cache, test_xla_create_first_order,
 	                    test_idle_buffer_given_back_after_a_second, test_sync_before_free_needs_no_fence,
+	                    test_lazy_free_waits_for_later_work,
 	                    test_sleep_pattern_gives_memory_back,
 	                    test_shared_and_partial_pass_through, test_fence_holds_freed_buffer,
 	                    test_idle_is_free_memory, test_threads, test_lookups_substituted, test_free_orders,
