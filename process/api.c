@@ -104,8 +104,14 @@ static int enter_device(int device, bool *pushed, bool activate)
 		return -ENODEV;
 	*pushed = false;
 	if ((!real->cuCtxGetCurrent || (real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx)) &&
-	    real->cuCtxGetDevice(&cur) == CUDA_SUCCESS && (device < 0 || cur == device))
+	    real->cuCtxGetDevice(&cur) == CUDA_SUCCESS && (device < 0 || cur == device)) {
+		/* Without the preload no context change of the program passes
+		 * a shim of ours, so the thread's context cache (trusted unless
+		 * EMM_CONTEXT_CHECK=on: process/contexts.c) may name a context
+		 * that is no longer current: the call looks it up again. */
+		emm_state_current_changed(false);
 		return 0;
+	}
 	if (!activate && atomic_load_explicit(&primary_ctx[dev], memory_order_acquire) == NULL &&
 	    st_primary_state(dev) != 1)
 		return -ENODEV;

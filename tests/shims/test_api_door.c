@@ -49,6 +49,9 @@ static struct {
 	__typeof__(&cuStreamDestroy_v2) stream_destroy;
 	__typeof__(&cuMemAlloc_v2) mem_alloc;
 	__typeof__(&cuMemFree_v2) mem_free;
+	__typeof__(&cuCtxCreate_v4) ctx_create;
+	__typeof__(&cuCtxGetCurrent) get_current;
+	__typeof__(&cuPointerGetAttribute) pointer_attribute;
 } cu;
 
 static struct emm_stats stats(void)
@@ -113,6 +116,9 @@ static void driver_setup(void)
 	cu.stream_destroy = SYM(libcuda, cuStreamDestroy_v2);
 	cu.mem_alloc = SYM(libcuda, cuMemAlloc_v2);
 	cu.mem_free = SYM(libcuda, cuMemFree_v2);
+	cu.ctx_create = SYM(libcuda, cuCtxCreate_v4);
+	cu.get_current = SYM(libcuda, cuCtxGetCurrent);
+	cu.pointer_attribute = SYM(libcuda, cuPointerGetAttribute);
 	if (cu.init(0) != CUDA_SUCCESS || cu.retain(&ctx, 0) != CUDA_SUCCESS || cu.set_current(ctx) != CUDA_SUCCESS) {
 		fprintf(stderr, "no context on the test double\n");
 		exit(1);
@@ -370,6 +376,36 @@ static void *contextless(void *arg)
 	return NULL;
 }
 
+/* The program makes another context of the same device current, through
+ * the driver: without the preload libemm sees no such call, so its
+ * per-thread context cache (trusted by default, EMM_CONTEXT_CHECK=off) must
+ * not serve the door from the previous context's heap. */
+TEST_BEGIN(test_context_switch_unseen)
+{
+	CUcontext primary = NULL, other = NULL, owner = NULL;
+	char *p, *q;
+
+	assert_int_eq(cu.get_current(&primary), CUDA_SUCCESS);
+	p = api.alloc(1 << 20, 0, NULL);
+	assert_ptr_not_null(p);
+	api.free(p, 1 << 20, 0, NULL); /* cached in the primary context's heap */
+	assert_int_eq(cu.ctx_create(&other, NULL, 0, 0), CUDA_SUCCESS);
+	q = api.alloc(1 << 20, 0, NULL);
+	assert_ptr_not_null(q);
+	expect_int_eq(cu.pointer_attribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)q),
+	              CUDA_SUCCESS);
+	expect_ptr_eq(owner, other);
+	api.free(q, 1 << 20, 0, NULL);
+	assert_int_eq(cu.set_current(primary), CUDA_SUCCESS);
+	p = api.alloc(1 << 20, 0, NULL);
+	assert_ptr_not_null(p);
+	expect_int_eq(cu.pointer_attribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)p),
+	              CUDA_SUCCESS);
+	expect_ptr_eq(owner, primary);
+	api.free(p, 1 << 20, 0, NULL);
+}
+TEST_END
+
 TEST_BEGIN(test_no_current_context)
 {
 	pthread_t th;
@@ -413,5 +449,5 @@ int main(int argc, char **argv)
 	driver_setup();
 	return emm_test_run(test_alloc_free_reuse, test_param_door, test_stream_and_none, test_errors, test_foreign_and_one_heap,
 	                    test_host, test_mem_info, test_no_current_context, test_nonblocking_stream_fenced,
-	                    test_capture, NULL);
+	                    test_capture, test_context_switch_unseen, NULL);
 }
