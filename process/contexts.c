@@ -43,8 +43,11 @@
  * it. So the default trusts the cache: one cuCtxGetId per lookup cost a
  * cached cudaMalloc pair 0.41 against 0.15 us (RESULTS.md section 19).
  * EMM_CONTEXT_CHECK=on asks the driver on every lookup, for programs that
- * use green contexts or cuCtxAttach (tests: the -check twins;
- * tests/shims/test_shims_ctx_cache.c counts the calls). libemm's own
+ * use green contexts or cuCtxAttach, or change contexts from libraries our
+ * shims do not see (dlmopen, RTLD_DEEPBIND) (tests: the -check twins;
+ * tests/shims/test_shims_ctx_cache.c counts the calls). The door without
+ * the preload (api.c) sees no change at all: it empties the cache on every
+ * call. libemm's own
  * pushes and pops (segments.c, api.c, fence_cuda.c) empty the cache like
  * the shims do.
  * Either way, once the driver has named the context in a guarded call
