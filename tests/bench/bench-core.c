@@ -315,7 +315,7 @@ static void working_set(void)
 	printf("Working set (%d live blocks of 256 B - 8 MiB per thread, one replaced per pair), "
 	       "%u pairs per thread, sync/fence path\n\n", WS_LIVE, iters);
 	printf("| threads | ns per pair per thread | aggregate Mpairs/s | per pair: events recorded | "
-	       "epochs closed | backend allocs |\n|---|---|---|---|---|---|\n");
+	       "epochs closed | backend allocs | backend frees |\n|---|---|---|---|---|---|---|\n");
 	for (unsigned threads = 1; threads <= ws_max_threads; threads *= 2) {
 		emm_heap_t *h = make_heap(PATH_SYNC_FENCE);
 		struct ws_job jobs[16];
@@ -343,10 +343,11 @@ static void working_set(void)
 				wall = jobs[t].ns;
 		}
 		double pairs = (double)iters * threads;
-		printf("| %u | %.1f | %.2f | %.4f | %.4f | %.4f |\n", threads, (double)wall / iters,
+		printf("| %u | %.1f | %.2f | %.4f | %.4f | %.5f | %.5f |\n", threads, (double)wall / iters,
 		       pairs / ((double)wall / 1e9) / 1e6, (after.events_recorded - before.events_recorded) / pairs,
 		       (after.epochs_closed - before.epochs_closed) / pairs,
-		       (after.backend_allocs - before.backend_allocs) / pairs);
+		       (after.backend_allocs - before.backend_allocs) / pairs,
+		       (after.backend_frees - before.backend_frees) / pairs);
 		fflush(stdout);
 		if (emm_heap_check(h) != 0) {
 			fprintf(stderr, "heap check failed\n");
