@@ -48,9 +48,14 @@ for r in $(seq 1 "$rounds"); do
 		emm-async) cmd=(env LD_PRELOAD="$lib" "$bench" --api async) ;;
 		cuda-async) cmd=(env -u LD_PRELOAD "$bench" --api async) ;;
 		esac
-		out=$("${cmd[@]}" --iters "$iters" --threads "$threads") || { failed=1; echo "$v round $r failed" >&2; }
-		# THREADS <emm|raw> <malloc|async> <threads> <Mpairs/s> <median ns>
-		printf '%s\n' "$out" | awk -v v="$v" '$1 == "THREADS" { print v, $4, $5 }' >>"$tmp"
+		# One process per thread count: threads take arenas round-robin
+		# for the life of a process, so a count run after others would
+		# start on the arenas (and the idle memory) they left behind.
+		for t in ${threads//,/ }; do
+			out=$("${cmd[@]}" --iters "$iters" --threads "$t") || { failed=1; echo "$v round $r failed" >&2; }
+			# THREADS <emm|raw> <malloc|async> <threads> <Mpairs/s> <median ns>
+			printf '%s\n' "$out" | awk -v v="$v" '$1 == "THREADS" { print v, $4, $5 }' >>"$tmp"
+		done
 	done
 done
 
