@@ -19,7 +19,7 @@
 # targets for (16 threads / 1 thread; libemm / CUDA's pool at 16 threads).
 #
 # usage: tests/gpu/run-bench-threads.sh [BUILDDIR]   (build-gpu by default)
-#   ROUNDS, ITERS (20000), THREADS (1,2,4,8,16) override.
+#   ROUNDS, ITERS (50000), THREADS (1,2,4,8,16) override.
 # Exit: 0, 1 if a run failed, 77 without a GPU.
 set -u
 
@@ -28,7 +28,7 @@ build=${1:-$here/../../build-gpu}
 bench=$build/tests/gpu/bench-threads
 lib=$(cd "$build" && pwd)/libemm.so
 rounds=${ROUNDS:-3}
-iters=${ITERS:-20000}
+iters=${ITERS:-50000}
 threads=${THREADS:-1,2,4,8,16}
 
 [ -x "$bench" ] || { echo "run-bench-threads: $bench not found (-Dgpu_tests=enabled)" >&2; exit 1; }
