@@ -51,8 +51,12 @@ static bool device_off(int device, bool release)
 
 	if (!st_annotate_set_device_off(device))
 		return false;
-	if (release && atomic_load_explicit(&st_annotate_on, memory_order_relaxed))
+	if (release && atomic_load_explicit(&st_annotate_on, memory_order_relaxed)) {
+		/* Its contexts' new blocks from fresh heaps: none carved from a
+		 * segment the tool knows (contexts_retire.c). */
+		st_contexts_retire_heaps(device);
 		(void)emm_state_release_idle(device, 0, &released);
+	}
 	emm_debug("annotations: device %d: %lld idle bytes given back, its new segments are not annotated", device,
 	          released);
 	return true;

@@ -11,7 +11,9 @@
  */
 #include <errno.h>
 
+#include "common/compiler.h"
 #include "process/annotate.h"
+#include "process/process_internal.h"
 #include "process/process.h"
 
 int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested)
@@ -29,7 +31,16 @@ int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t 
 		return 0; /* a graph may still use it: a memory checker keeps its region */
 	if (r < 0)
 		return -EINVAL;
+	/* A retired heap's block (contexts_retire.c): its idle memory goes
+	 * back after the free. */
+	emm_heap_t *retired = NULL;
+	if (EMM_UNLIKELY(atomic_load_explicit(&st_heaps_retired, memory_order_relaxed)) &&
+	    emm_heap_find_block(addr, &range) == 0)
+		retired = range.heap;
 	/* Before the heap may hand it out again: no new owner's region first. */
 	st_annotate_block(addr, false, pinned);
-	return emm_heap_free(addr, key, ret_requested);
+	r = emm_heap_free(addr, key, ret_requested);
+	if (r == 0 && retired)
+		st_free_retired(retired);
+	return r;
 }

@@ -156,6 +156,21 @@ static void entry_discard(struct ctx_entry *e)
 	free(e);
 }
 
+int st_entry_heap_create(struct ctx_entry *e, emm_heap_t **ret)
+{
+	struct emm_heap_params params;
+	struct emm_segment_source src;
+	struct emm_segment_pages pages;
+
+	st_heap_params(&params);
+	st_fit_params(e, e->device, &params);
+	src.state = e;
+	src.alloc = st_device_segment_alloc;
+	src.free = st_device_segment_free;
+	return emm_heap_create_paged(&params, &src, st_segment_pages(e, &pages) ? &pages : NULL, &e->fence, e->device,
+	                             ret);
+}
+
 /*
  * Build the entry (and heap) of the current context `ctx` with no lock
  * held - it makes driver calls (the device, the primary context, the
@@ -169,9 +184,7 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 {
 	const struct emm_real_driver_table *real = st_real_table();
 	struct publish_arg pa = {NULL, NULL, 0};
-	struct emm_heap_params params;
-	struct emm_segment_source src;
-	struct emm_segment_pages pages;
+	emm_heap_t *heap = NULL;
 	struct ctx_entry *e;
 	CUdevice dev = 0;
 	int ret;
@@ -209,13 +222,9 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 		e->failed = true;
 		goto publish;
 	}
-	st_heap_params(&params);
-	st_fit_params(e, dev, &params);
-	src.state = e;
-	src.alloc = st_device_segment_alloc;
-	src.free = st_device_segment_free;
-	ret = emm_heap_create_paged(&params, &src, st_segment_pages(e, &pages) ? &pages : NULL, &e->fence, dev,
-	                            &e->heap);
+	ret = st_entry_heap_create(e, &heap);
+	if (ret == 0)
+		e->heap = heap;
 	if (ret < 0) {
 		emm_warn(
 		    "cannot create the heap for device %d (%s): this context's allocations go to the driver",
@@ -469,6 +478,16 @@ struct ctx_entry *st_ctx_find_locked(st_ctx_match_fn match, const void *arg, boo
 	return NULL;
 }
 
+size_t st_ctx_collect_locked(st_ctx_match_fn match, const void *arg, struct ctx_entry **out, size_t cap)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < ctx_count && n < cap; i++)
+		if (match(ctx_list[i], arg))
+			out[n++] = ctx_list[i];
+	return n;
+}
+
 bool st_ctx_lookup(CUcontext ctx, CUdevice *ret_device, bool *ret_primary)
 {
 	struct ctx_entry *e;
@@ -487,7 +506,7 @@ bool st_ctx_lookup(CUcontext ctx, CUdevice *ret_device, bool *ret_primary)
 
 struct heap_ref *st_snapshot_locked(size_t *ret_count)
 {
-	struct heap_ref *refs = calloc(ctx_count * (1 + PINNED_FLAG_SETS) + 1, sizeof(*refs));
+	struct heap_ref *refs = calloc(ctx_count * ST_CONTEXT_HEAPS + 1, sizeof(*refs));
 	size_t n = 0;
 
 	if (!refs) {
@@ -498,6 +517,8 @@ struct heap_ref *st_snapshot_locked(size_t *ret_count)
 		struct ctx_entry *e = ctx_list[i];
 		if (e->heap)
 			refs[n++] = (struct heap_ref){e->heap, e->device, e->ctx};
+		if (e->retired)
+			refs[n++] = (struct heap_ref){e->retired, e->device, e->ctx};
 		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
 			emm_heap_t *p = atomic_load(&e->pinned[f]);
 			if (p)
@@ -515,6 +536,8 @@ size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out)
 
 	if (e && e->heap) {
 		out[n++] = e->heap;
+		if (e->retired)
+			out[n++] = e->retired;
 		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
 			emm_heap_t *p = atomic_load(&e->pinned[f]);
 			if (p)
@@ -531,7 +554,7 @@ struct ctx_entry *st_heap_entry(const emm_heap_t *heap)
 	st_lock(&st_ctx_lock);
 	for (size_t i = 0; i < ctx_count && !found; i++) {
 		struct ctx_entry *e = ctx_list[i];
-		if (e->heap == heap)
+		if (e->heap == heap || e->retired == heap)
 			found = e;
 		for (unsigned f = 0; f < PINNED_FLAG_SETS && !found; f++)
 			if (atomic_load_explicit(&e->pinned[f], memory_order_acquire) == heap)

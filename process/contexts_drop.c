@@ -25,7 +25,7 @@
 static bool drop_one(st_ctx_match_fn match, const void *arg)
 {
 	struct ctx_entry *e = NULL;
-	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
+	emm_heap_t *heaps[ST_CONTEXT_HEAPS];
 	struct gone_segment *gone = NULL;
 	size_t n = 0, ngone = 0;
 	bool any = false, all_out;
@@ -50,6 +50,8 @@ static bool drop_one(st_ctx_match_fn match, const void *arg)
 		atomic_fetch_add(&st_ctx_generation, 1);
 		if (e->heap)
 			heaps[n++] = e->heap;
+		if (e->retired)
+			heaps[n++] = atomic_exchange(&e->retired, NULL);
 		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
 			emm_heap_t *p = atomic_exchange(&e->pinned[f], NULL);
 			if (p)

@@ -203,7 +203,10 @@ struct ctx_entry {
 	/* st_host_backend's state for this context when it is not st_backend
 	 * (created with the first pinned heap, under st_ctx_lock's publish) */
 	_Atomic(void *) host_backend_state;
-	emm_heap_t *heap;
+	_Atomic(emm_heap_t *) heap;
+	/* The heap `heap` replaced (contexts_retire.c): it serves no allocation,
+	 * takes its blocks' frees, and goes with the context. */
+	_Atomic(emm_heap_t *) retired;
 	_Atomic(emm_heap_t *) pinned[PINNED_FLAG_SETS];
 	struct pinned_source pinned_src[PINNED_FLAG_SETS];
 	struct emm_fence_pool *pool;
@@ -329,9 +332,23 @@ struct heap_ref {
 
 /* Snapshot the live heaps (caller frees). st_ctx_lock held. */
 struct heap_ref *st_snapshot_locked(size_t *ret_count);
-/* The heaps of ctx (device first; at most 1 + PINNED_FLAG_SETS).
+/* The most heaps a context has: its device heap, a retired one, pinned. */
+#define ST_CONTEXT_HEAPS (2 + PINNED_FLAG_SETS)
+/* The heaps of ctx (device first; at most ST_CONTEXT_HEAPS).
  * st_ctx_lock held. */
 size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out);
+/* Every registered entry `match` accepts, at most `cap` in out: how many.
+ * st_ctx_lock held. */
+size_t st_ctx_collect_locked(st_ctx_match_fn match, const void *arg, struct ctx_entry **out, size_t cap);
+/* A fresh device heap for entry e (not published). */
+int st_entry_heap_create(struct ctx_entry *e, emm_heap_t **ret);
+/* contexts_retire.c: device `device`'s contexts get fresh heaps, their
+ * old ones retired; whether any heap was retired (then frees into a
+ * retired heap give its idle memory back: st_free_retired). */
+void st_contexts_retire_heaps(int device);
+extern atomic_bool st_heaps_retired;
+/* After a free into `heap`: if it is retired, its idle memory goes back. */
+void st_free_retired(emm_heap_t *heap);
 
 void st_contexts_fork_child(void);
 

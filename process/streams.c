@@ -297,7 +297,7 @@ static CUcontext current_context(void)
 
 void emm_state_stream_created(CUstream stream, bool nonblocking)
 {
-	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
+	emm_heap_t *heaps[ST_CONTEXT_HEAPS];
 	emm_stream_t key = emm_state_stream_key(stream, false);
 	CUcontext ctx;
 	size_t n;
@@ -364,7 +364,7 @@ void emm_state_stream_destroying(CUstream stream)
 
 void emm_state_stream_destroy_failed(CUstream stream)
 {
-	emm_heap_t *heaps[1 + PINNED_FLAG_SETS];
+	emm_heap_t *heaps[ST_CONTEXT_HEAPS];
 	emm_stream_t key = emm_state_stream_key(stream, false);
 	bool nonblocking = false;
 	size_t n;

@@ -457,6 +457,41 @@ static void devices_mode(void)
 	CHECK(count(HEAPS) == 0 && count(HEAP_REGS) == 2 && count(ERRORS) == 0);
 }
 
+/* FAKECUDA_DEVICES=2. A small block of device 0 stays live when device 1
+ * appears: its segment keeps its heap and the block its region, but the
+ * blocks allocated after come from a segment the tool does not know (the
+ * context's heap was retired: race-multidevice-strict's peers read such
+ * blocks), and the old segment goes back once its last block is freed. */
+static void carve_mode(void)
+{
+	CUcontext ctx[2];
+	CUdeviceptr x, a1, b, c;
+	unsigned long long unregs;
+
+	for (int i = 0; i < 2; i++)
+		CHECK(cuDevicePrimaryCtxRetain(&ctx[i], i) == CUDA_SUCCESS);
+	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&x, 1000) == CUDA_SUCCESS);
+	find_tool();
+	CHECK(heap(x) != 0 && region(x) == 1000);
+	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&a1, 1000) == CUDA_SUCCESS && region(a1) == 0);
+	CHECK(cuCtxSetCurrent(ctx[0]) == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&b, 1000) == CUDA_SUCCESS);
+	CHECK(region(b) == 0 && heap(b) == 0); /* not carved from x's segment */
+	CHECK(heap(x) != 0 && region(x) == 1000);
+	unregs = count(HEAP_UNREGS);
+	CHECK(cuMemFree(x) == CUDA_SUCCESS && region(x) == 0);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(cuMemAlloc(&c, 1000) == CUDA_SUCCESS && region(c) == 0);
+	CHECK(count(HEAP_UNREGS) == unregs + 1 && heap(x) == 0); /* drained: given back */
+	CHECK(cuMemFree(b) == CUDA_SUCCESS && cuMemFree(c) == CUDA_SUCCESS);
+	CHECK(cuCtxSetCurrent(ctx[1]) == CUDA_SUCCESS && cuMemFree(a1) == CUDA_SUCCESS);
+	CHECK(cuCtxSynchronize() == CUDA_SUCCESS);
+	CHECK(shims_release_idle(-1, 0) >= 0);
+	CHECK(count(HEAPS) == 0 && count(ERRORS) == 0);
+}
+
 static void none_mode(void)
 {
 	CUdeviceptr a;
@@ -482,6 +517,8 @@ int main(int argc, char **argv)
 		peer_mode();
 	else if (strcmp(mode, "devices") == 0)
 		devices_mode();
+	else if (strcmp(mode, "carve") == 0)
+		carve_mode();
 	else if (strcmp(mode, "destroyed") == 0)
 		destroyed_mode();
 	else if (strcmp(mode, "gone") == 0)

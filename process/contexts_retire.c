@@ -1,0 +1,106 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * process/contexts_retire.c - a context's device heap retired for a fresh
+ * one, so that new blocks come from segments a memory checker does not
+ * know.
+ *
+ * Under compute-sanitizer, once a second device appears libemm stops
+ * offering a device's new segments as NVTX heaps (annotate_peer.c): the
+ * tool reports every access a peer makes to another device's region. A
+ * segment that still holds live blocks keeps its heap, though (the tool
+ * reports every access to a heap taken back while its memory lives), and
+ * the allocator would go on carving new blocks out of it, each a region a
+ * peer's kernel may read: race-multidevice-strict drew 3 076 reports that
+ * way. So the context's heap is replaced: allocations go to a fresh heap,
+ * whose segments are plain allocations to the tool; the old one is
+ * retired. It serves no allocation, takes the frees of its blocks (a free
+ * finds its block's arena through the block map), gives its idle memory
+ * back after each of them (st_free_retired) and is destroyed with the
+ * context. Only blocks allocated before the second device appeared keep
+ * their regions.
+ *
+ * A thread that read the old heap just before the swap may still carve one
+ * block from it: harmless, the heap stays alive until its context goes.
+ */
+#include <stdatomic.h>
+
+#include "common/log.h"
+#include "process/process_internal.h"
+#include "process/process.h"
+
+#define MAX_RETIRE 16 /* contexts of one device retired at once */
+
+atomic_bool st_heaps_retired;
+
+static bool on_device(const struct ctx_entry *e, const void *arg)
+{
+	return !e->failed && e->heap && !e->retired && e->device == *(const int *)arg;
+}
+
+static bool is_entry(const struct ctx_entry *e, const void *arg)
+{
+	return e == arg;
+}
+
+struct swap_arg {
+	struct ctx_entry *e;
+	emm_heap_t *fresh, *old;
+};
+
+/* st_ctx_lock held: the entry, still registered and not retired, takes
+ * the fresh heap. */
+static void swap_locked(void *arg)
+{
+	struct swap_arg *a = arg;
+	struct ctx_entry *e = NULL;
+
+	if (st_ctx_collect_locked(is_entry, a->e, &e, 1) == 1 && e->heap && !e->retired) {
+		a->old = e->heap;
+		e->retired = a->old;
+		e->heap = a->fresh;
+		atomic_store(&st_heaps_retired, true);
+	}
+}
+
+void st_contexts_retire_heaps(int device)
+{
+	struct ctx_entry *list[MAX_RETIRE];
+	size_t n;
+
+	st_assert_unlocked("retiring heaps");
+	st_lock(&st_ctx_lock);
+	n = st_ctx_collect_locked(on_device, &device, list, MAX_RETIRE);
+	st_unlock(&st_ctx_lock);
+	for (size_t i = 0; i < n; i++) {
+		struct swap_arg a = {list[i], NULL, NULL};
+
+		if (st_entry_heap_create(list[i], &a.fresh) < 0)
+			continue; /* no memory: the old heap goes on serving */
+		if (st_publish_heap(a.fresh, list[i]->ctx, swap_locked, &a) < 0 || !a.old) {
+			emm_heap_destroy(a.fresh, false);
+			continue;
+		}
+		emm_debug("context %p (device %d): heap retired, a fresh one serves its new blocks",
+		          (void *)list[i]->ctx, device);
+		(void)emm_heap_release_idle(a.old, 0);
+	}
+}
+
+static bool has_retired(const struct ctx_entry *e, const void *arg)
+{
+	return e->retired == arg;
+}
+
+void st_free_retired(emm_heap_t *heap)
+{
+	struct ctx_entry *e = NULL;
+	size_t n;
+
+	st_lock(&st_ctx_lock);
+	n = st_ctx_collect_locked(has_retired, heap, &e, 1);
+	st_unlock(&st_ctx_lock);
+	/* The entry outlives the call (entries are never freed), and the heap
+	 * is destroyed only under the heap guard, which the caller is inside. */
+	if (n == 1)
+		(void)emm_heap_release_idle(heap, 0);
+}
