@@ -11,7 +11,6 @@
  */
 #include <errno.h>
 
-#include "common/compiler.h"
 #include "process/annotate.h"
 #include "process/process_internal.h"
 #include "process/process.h"
@@ -33,14 +32,11 @@ int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t 
 		return -EINVAL;
 	/* A retired heap's block (contexts_retire.c): its idle memory goes
 	 * back after the free. */
-	emm_heap_t *retired = NULL;
-	if (EMM_UNLIKELY(atomic_load_explicit(&st_heaps_retired, memory_order_relaxed)) &&
-	    emm_heap_find_block(addr, &range) == 0)
-		retired = range.heap;
+	emm_heap_t *retired = st_retired_heap_of(addr);
 	/* Before the heap may hand it out again: no new owner's region first. */
 	st_annotate_block(addr, false, pinned);
 	r = emm_heap_free(addr, key, ret_requested);
 	if (r == 0 && retired)
-		st_free_retired(retired);
+		(void)emm_heap_release_idle(retired, 0);
 	return r;
 }

@@ -47,9 +47,8 @@
  * shims do not see (dlmopen, RTLD_DEEPBIND) (tests: the -check twins;
  * tests/shims/test_shims_ctx_cache.c counts the calls). The door without
  * the preload (api.c) sees no change at all: it empties the cache on every
- * call. libemm's own
- * pushes and pops (segments.c, api.c, fence_cuda.c) empty the cache like
- * the shims do.
+ * call. libemm's own pushes and pops (segments.c, api.c, fence_cuda.c)
+ * empty the cache like the shims do.
  * Either way, once the driver has named the context in a guarded call
  * (st_tls_ctx.verified), the rest of that call trusts the cache: an epoch
  * closed by the free records its events without asking cuCtxGetCurrent.

@@ -15,7 +15,7 @@
  * whose segments are plain allocations to the tool; the old one is
  * retired. It serves no allocation, takes the frees of its blocks (a free
  * finds its block's arena through the block map), gives its idle memory
- * back after each of them (st_free_retired) and is destroyed with the
+ * back after each of them (st_retired_heap_of) and is destroyed with the
  * context. Only blocks allocated before the second device appeared keep
  * their regions.
  *
@@ -24,13 +24,14 @@
  */
 #include <stdatomic.h>
 
+#include "common/compiler.h"
 #include "common/log.h"
 #include "process/process_internal.h"
 #include "process/process.h"
 
 #define MAX_RETIRE 16 /* contexts of one device retired at once */
 
-atomic_bool st_heaps_retired;
+static atomic_bool any_retired;
 
 static bool on_device(const struct ctx_entry *e, const void *arg)
 {
@@ -52,13 +53,13 @@ struct swap_arg {
 static void swap_locked(void *arg)
 {
 	struct swap_arg *a = arg;
-	struct ctx_entry *e = NULL;
+	struct ctx_entry *e = st_ctx_find_locked(is_entry, a->e, false);
 
-	if (st_ctx_collect_locked(is_entry, a->e, &e, 1) == 1 && e->heap && !e->retired) {
+	if (e && e->heap && !e->retired) {
 		a->old = e->heap;
 		e->retired = a->old;
 		e->heap = a->fresh;
-		atomic_store(&st_heaps_retired, true);
+		atomic_store(&any_retired, true);
 	}
 }
 
@@ -91,16 +92,18 @@ static bool has_retired(const struct ctx_entry *e, const void *arg)
 	return e->retired == arg;
 }
 
-void st_free_retired(emm_heap_t *heap)
+emm_heap_t *st_retired_heap_of(emm_addr_t addr)
 {
-	struct ctx_entry *e = NULL;
-	size_t n;
+	struct emm_block_range range;
+	bool retired;
 
+	if (EMM_LIKELY(!atomic_load_explicit(&any_retired, memory_order_relaxed)) ||
+	    emm_heap_find_block(addr, &range) != 0)
+		return NULL;
 	st_lock(&st_ctx_lock);
-	n = st_ctx_collect_locked(has_retired, heap, &e, 1);
+	retired = st_ctx_find_locked(has_retired, range.heap, false) != NULL;
 	st_unlock(&st_ctx_lock);
-	/* The entry outlives the call (entries are never freed), and the heap
-	 * is destroyed only under the heap guard, which the caller is inside. */
-	if (n == 1)
-		(void)emm_heap_release_idle(heap, 0);
+	/* The heap is destroyed only with its context, under the heap guard
+	 * the caller is inside: it outlives the free. */
+	return retired ? range.heap : NULL;
 }

@@ -343,12 +343,11 @@ size_t st_ctx_collect_locked(st_ctx_match_fn match, const void *arg, struct ctx_
 /* A fresh device heap for entry e (not published). */
 int st_entry_heap_create(struct ctx_entry *e, emm_heap_t **ret);
 /* contexts_retire.c: device `device`'s contexts get fresh heaps, their
- * old ones retired; whether any heap was retired (then frees into a
- * retired heap give its idle memory back: st_free_retired). */
+ * old ones retired. */
 void st_contexts_retire_heaps(int device);
-extern atomic_bool st_heaps_retired;
-/* After a free into `heap`: if it is retired, its idle memory goes back. */
-void st_free_retired(emm_heap_t *heap);
+/* The heap of the block at addr if it is a retired one (its idle memory
+ * goes back after the free), else NULL; no look-up before any retirement. */
+emm_heap_t *st_retired_heap_of(emm_addr_t addr);
 
 void st_contexts_fork_child(void);
 

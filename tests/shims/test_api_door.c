@@ -376,33 +376,36 @@ static void *contextless(void *arg)
 	return NULL;
 }
 
+/* A door block of 1 MiB belongs to `current`, the current context; freed. */
+static void alloc_in_current(CUcontext current)
+{
+	CUcontext owner = NULL;
+	char *p = api.alloc(1 << 20, 0, NULL);
+
+	assert_ptr_not_null(p);
+	expect_int_eq(cu.pointer_attribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)p),
+	              CUDA_SUCCESS);
+	expect_ptr_eq(owner, current);
+	api.free(p, 1 << 20, 0, NULL);
+}
+
 /* The program makes another context of the same device current, through
  * the driver: without the preload libemm sees no such call, so its
  * per-thread context cache (trusted by default, EMM_CONTEXT_CHECK=off) must
  * not serve the door from the previous context's heap. */
 TEST_BEGIN(test_context_switch_unseen)
 {
-	CUcontext primary = NULL, other = NULL, owner = NULL;
-	char *p, *q;
+	CUcontext primary = NULL, other = NULL;
+	char *p;
 
 	assert_int_eq(cu.get_current(&primary), CUDA_SUCCESS);
 	p = api.alloc(1 << 20, 0, NULL);
 	assert_ptr_not_null(p);
 	api.free(p, 1 << 20, 0, NULL); /* cached in the primary context's heap */
 	assert_int_eq(cu.ctx_create(&other, NULL, 0, 0), CUDA_SUCCESS);
-	q = api.alloc(1 << 20, 0, NULL);
-	assert_ptr_not_null(q);
-	expect_int_eq(cu.pointer_attribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)q),
-	              CUDA_SUCCESS);
-	expect_ptr_eq(owner, other);
-	api.free(q, 1 << 20, 0, NULL);
+	alloc_in_current(other);
 	assert_int_eq(cu.set_current(primary), CUDA_SUCCESS);
-	p = api.alloc(1 << 20, 0, NULL);
-	assert_ptr_not_null(p);
-	expect_int_eq(cu.pointer_attribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT, (CUdeviceptr)(uintptr_t)p),
-	              CUDA_SUCCESS);
-	expect_ptr_eq(owner, primary);
-	api.free(p, 1 << 20, 0, NULL);
+	alloc_in_current(primary);
 }
 TEST_END
 
