@@ -6,17 +6,27 @@
  * built for the uncontended single-thread case first and for many threads
  * second:
  *
- *   - 256 shards, each one cache-line aligned struct with its own spinlock
- *     and table. The shard is picked by a hash of the 256 KiB region of the
- *     address (addr >> 18), the slot inside it by a hash of addr >> 9
- *     (blocks are at least 512 B apart). Region sharding keeps a thread
- *     that works on its own segments (a stream's blocks, a thread's large
- *     allocations) on its own shards and cache lines. Measured on a
- *     16-core host (tests/backends/bench-ptrmap), per insert+take pair at
- *     16 threads: picking one of 64 shards by addr >> 9 (so every thread
- *     touches every shard) cost 223 ns with each thread on its own
- *     segments and 316 ns with blocks interleaved in shared segments; this
- *     layout costs about 40 ns and 145 ns. One thread: 25-50 ns either way.
+ *   - 4096 shards, each one cache-line aligned struct with its own spinlock
+ *     and table. The shard is picked by a hash of the 512 KiB region of the
+ *     address (addr >> 19), the slot inside it by a hash of addr >> 9
+ *     (blocks are at least 512 B apart). A thread that works on its own
+ *     segments (its arena's, a stream's) stays on its own shards and cache
+ *     lines even when its working set spans tens of megabytes, and threads
+ *     that carve blocks from the same segments still spread over several
+ *     shards. tests/backends/bench-ptrmap on a 64-CPU host (ns per
+ *     insert+take pair per thread, 16 threads; RESULTS.md section 27):
+ *
+ *       layout                         spread   shared segments   1 thread
+ *       256 shards, 256 KiB (before)   304-317  157-175           61-83
+ *       4096 shards, 2 MiB             106-113  523-539           38-46
+ *       4096 shards, 1 MiB             154-162  277-294           40-44
+ *       4096 shards, 512 KiB (this)    153-154  146-147           37-42
+ *
+ *     "spread" is the working set of tests/gpu/bench_threads.cu: 64 live
+ *     blocks per thread in 32 segments of its own, interleaved in the
+ *     address space with the other threads'. With 256 shards every thread
+ *     was on nearly every shard; with 2 MiB regions 16 threads carving
+ *     from the same 32 MiB land on 16 shards.
  *   - Each table uses linear probing and backward-shift deletion (no
  *     tombstones, so probe lengths stay short however many inserts and
  *     takes have happened). Key 0 marks an empty slot; address 0 is never
@@ -40,10 +50,10 @@
 
 #include "common/compiler.h"
 
-#define SHARD_BITS          8
+#define SHARD_BITS          12
 #define SHARD_COUNT         (1u << SHARD_BITS)
-#define SHARD_REGION_SHIFT  18  /* 256 KiB regions pick the shard */
-#define SHARD_INITIAL_SLOTS 64u /* power of two */
+#define SHARD_REGION_SHIFT  19  /* 512 KiB regions pick the shard */
+#define SHARD_INITIAL_SLOTS 16u /* power of two */
 #define SPINS_BEFORE_YIELD  128
 
 struct slot {

@@ -249,6 +249,8 @@ static void heap_register(uint64_t addr, size_t size, int device)
 	static atomic_bool warned;
 
 	if (st_annotate_device_off(device)) {
+		emm_debug("annotations: segment %#llx (%zu bytes), device %d: not offered (device off)",
+		          (unsigned long long)addr, size, device);
 		remember_unregistered(addr);
 		return;
 	}
@@ -261,6 +263,7 @@ static void heap_register(uint64_t addr, size_t size, int device)
 	 * contract); the unregister and the regions rely on it. */
 	int unknown = KIND_UNKNOWN;
 	if (h == (nvtxMemHeapHandle_t)(uintptr_t)addr) {
+		emm_debug("annotations: heap + %#llx (%zu bytes), device %d", (unsigned long long)addr, size, device);
 		atomic_compare_exchange_strong(kind_of(device), &unknown, KIND_TAKEN);
 		return;
 	}
@@ -282,6 +285,7 @@ static void heap_unregister(uint64_t addr)
 	if (!refused_has(addr, true)) {
 		int mode = st_capture_relax();
 
+		emm_debug("annotations: heap - %#llx", (unsigned long long)addr);
 		nvtxMemHeapUnregister(NULL, (nvtxMemHeapHandle_t)(uintptr_t)addr);
 		st_capture_unrelax(mode);
 	}
@@ -343,6 +347,10 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 
 	if (refused_has(heap, false))
 		return; /* the tool refused its heap: it would refuse the region */
+	if (EMM_UNLIKELY(emm_log_debug_enabled()))
+		emm_debug("annotations: region %s %#llx (%zu bytes) in heap %#llx, device %d", add ? "+" : "-",
+		          (unsigned long long)addr, b.requested ? b.requested : b.size, (unsigned long long)heap,
+		          emm_heap_device(b.heap));
 	int mode = st_capture_relax();
 	if (add) {
 		size_t size = b.requested ? b.requested : b.size;
