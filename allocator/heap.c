@@ -266,7 +266,7 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
                                   const struct emm_segment_source *src, const struct emm_segment_pages *pages,
                                   const struct emm_fence_ops *fence)
 {
-	struct arena *h = calloc(1, sizeof(*h));
+	struct arena *h = heap_zalloc_lines(sizeof(*h));
 	if (!h)
 		return NULL;
 	if (pthread_mutex_init(&h->lock, NULL)) {

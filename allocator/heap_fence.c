@@ -25,7 +25,7 @@ struct emm_fence *emm_heap_fence_new(struct arena *h)
 	if (f) {
 		h->fence_free = f->next;
 	} else {
-		f = calloc(1, sizeof(*f));
+		f = heap_zalloc_lines(sizeof(*f));
 		if (!f)
 			return NULL;
 	}

@@ -28,7 +28,7 @@ static struct emm_block *block_new(struct arena *h)
 	if (EMM_UNLIKELY(!b)) {
 		/* One slab: a pointer-sized header chaining the slabs, then blocks. */
 		size_t hdr = EMM_ALIGN_UP(sizeof(void *), _Alignof(struct emm_block));
-		char *slab = malloc(hdr + BLOCK_SLAB * sizeof(struct emm_block));
+		char *slab = heap_zalloc_lines(hdr + BLOCK_SLAB * sizeof(struct emm_block));
 		if (!slab)
 			return NULL;
 		*(void **)slab = h->slabs;
@@ -76,7 +76,7 @@ static struct emm_segment *segment_new(struct arena *h)
 	if (s) {
 		h->seg_free = s->next;
 	} else {
-		s = calloc(1, sizeof(*s));
+		s = heap_zalloc_lines(sizeof(*s));
 		if (!s)
 			return NULL;
 		s->arena = h;

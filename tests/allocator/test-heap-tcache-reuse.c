@@ -5,7 +5,9 @@
  * address (allocator/heap_tcache.c, emm_tcache_add_counters): a thread
  * frees into its cache, the heap is destroyed while the thread lives, and
  * a new heap gets the old heap's and arenas' memory back. Linked with
- * -Wl,--wrap=calloc,--wrap=free (tests/allocator/meson.build) so the reuse
+ * -Wl,--wrap=calloc,--wrap=posix_memalign,--wrap=free (the heap with
+ * calloc, its arenas on cache lines of their own; tests/allocator/
+ * meson.build) so the reuse
  * is forced here, not left to the C library's allocator (nor to a
  * sanitizer's quarantine).
  */
@@ -25,6 +27,7 @@
 /* The memory of the heap and its arenas: kept at their free, handed back
  * (zeroed, in this order) by the callocs of the next heap's creation. */
 void *__real_calloc(size_t n, size_t size);
+int __real_posix_memalign(void **ret, size_t align, size_t size);
 void __real_free(void *p);
 
 static pthread_mutex_t watch_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -37,23 +40,42 @@ static struct watched watch[1 + NARENAS];
 static unsigned nwatch;
 
 void *__wrap_calloc(size_t n, size_t size);
+int __wrap_posix_memalign(void **ret, size_t align, size_t size);
 void __wrap_free(void *p);
 
-void *__wrap_calloc(size_t n, size_t size)
+/* A parked chunk of `size` bytes, zeroed, or NULL. */
+static void *unpark(size_t size)
 {
 	pthread_mutex_lock(&watch_lock);
 	for (unsigned i = 0; i < nwatch; i++) {
-		if (watch[i].parked && watch[i].size == n * size) {
+		if (watch[i].parked && watch[i].size == size) {
 			void *p = watch[i].p;
 			watch[i].parked = false;
 			watch[i].p = NULL;
 			pthread_mutex_unlock(&watch_lock);
-			memset(p, 0, n * size);
+			memset(p, 0, size);
 			return p;
 		}
 	}
 	pthread_mutex_unlock(&watch_lock);
-	return __real_calloc(n, size);
+	return NULL;
+}
+
+void *__wrap_calloc(size_t n, size_t size)
+{
+	void *p = unpark(n * size);
+
+	return p ? p : __real_calloc(n, size);
+}
+
+int __wrap_posix_memalign(void **ret, size_t align, size_t size)
+{
+	void *p = unpark(size);
+
+	if (!p)
+		return __real_posix_memalign(ret, align, size);
+	*ret = p;
+	return 0;
 }
 
 void __wrap_free(void *p)
