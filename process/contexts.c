@@ -79,6 +79,7 @@ pthread_rwlock_t st_heap_life_lock = PTHREAD_RWLOCK_INITIALIZER;
 static struct ctx_entry **ctx_list;
 static size_t ctx_count, ctx_cap;
 atomic_uint_fast64_t st_ctx_generation = 1;
+atomic_uint_fast64_t st_ctx_births;
 
 EMM_TLS_IE struct st_tls_ctx st_tls_ctx;
 /* --- entries ----------------------------------------------------------- */
@@ -192,6 +193,7 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 	e = calloc(1, sizeof(*e));
 	if (!e)
 		return NULL;
+	e->born = atomic_fetch_add(&st_ctx_births, 1) + 1;
 	e->ctx = ctx;
 	e->ctx_id = ctx_id;
 	for (unsigned i = 0; i < PINNED_FLAG_SETS; i++) {

@@ -245,10 +245,32 @@ CUcontext emm_state_primary_resetting(CUdevice dev)
 	return ctx;
 }
 
+struct primary_before {
+	CUdevice dev;
+	uint64_t births; /* entries begun before the state was read */
+};
+
+static bool match_primary_before(const struct ctx_entry *e, const void *arg)
+{
+	const struct primary_before *b = arg;
+
+	return e->primary && e->device == b->dev && e->born <= b->births;
+}
+
+/* An inactive primary context has no memory: the heaps of entries made
+ * before it was seen inactive are stale. Not those begun after: another
+ * thread may have retained it and made its entry between the state read
+ * and the drop (eight threads making their first calls at once lost a
+ * live heap that way, test-threads-first-call). */
 void emm_state_primary_released(CUdevice dev)
 {
-	if (!st_is_exiting() && st_primary_state(dev) == 0)
-		emm_state_primary_reset(dev);
+	struct primary_before b = {dev, atomic_load(&st_ctx_births)};
+
+	if (st_is_exiting() || st_primary_state(dev) != 0)
+		return;
+	while (drop_one(match_primary_before, &b))
+		;
+	emm_state_current_changed(true);
 }
 
 /* Primary entries whose device is not yet in the list. */
@@ -291,7 +313,7 @@ void st_drop_inactive_primaries(void)
 
 void emm_state_primary_retaining(CUdevice dev)
 {
-	/* An inactive primary context has no memory: any heap we keep for it
-	 * is left from before a reset we did not see. */
+	/* A heap we keep for an inactive primary is left from before a reset
+	 * we did not see. */
 	emm_state_primary_released(dev);
 }

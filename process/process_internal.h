@@ -196,6 +196,7 @@ struct pinned_source {
 struct ctx_entry {
 	CUcontext ctx;
 	unsigned long long ctx_id; /* cuCtxGetId at creation; 0 if unknown */
+	uint64_t born;             /* st_ctx_births when its creation began (contexts_drop.c) */
 	CUdevice device;
 	bool primary; /* the device's primary context */
 	bool failed;  /* no heap (backend init failed): pass through */
@@ -218,6 +219,8 @@ extern pthread_mutex_t st_ctx_lock;
 /* Held shared by walks over the heaps, exclusive while one is destroyed. */
 extern pthread_rwlock_t st_heap_life_lock;
 extern atomic_uint_fast64_t st_ctx_generation;
+/* Entries whose creation has begun, ever: an entry's `born` is its number. */
+extern atomic_uint_fast64_t st_ctx_births;
 
 /* Registry lookups (contexts.c), st_ctx_lock held: the first entry that
  * `match` accepts, or NULL; with `unlink` it leaves the registry. */
