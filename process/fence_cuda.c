@@ -6,8 +6,9 @@
  * Each context has a pool of events created with CU_EVENT_DISABLE_TIMING
  * (the cheapest kind to record and query). A marker handed to the allocator
  * is a pointer to a small struct cuda_fence { event, pool }; released markers
- * go back to their pool's free list and are recorded again later, so steady
- * state creates no events.
+ * go back to the releasing thread's few (tls_events) or to their pool's
+ * free list and are recorded again later, so steady state creates no
+ * events and a thread's epochs take no lock shared with other threads.
  *
  * Contexts: cuEventRecord needs an event of the stream's context, and the
  * legacy stream (CU_STREAM_LEGACY) is the one of the current context, so
@@ -60,6 +61,17 @@ struct emm_fence_pool {
 	struct cuda_fence *free_list;
 	struct emm_fence_pool *next; /* pool_list */
 };
+
+/* A thread's own few released fences, all of one pool (see tcache_give). */
+#define TCACHE_EVENTS 16
+
+struct event_tcache {
+	struct emm_fence_pool *pool;
+	struct cuda_fence *list;
+	unsigned n;
+};
+
+static EMM_TLS_IE struct event_tcache tls_events;
 
 /* Live pools by context (dead ones are unlinked but stay allocated). */
 static pthread_mutex_t pool_list_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -142,6 +154,9 @@ void emm_fence_fork_child(void)
 	 * their locks may have been held by threads that do not exist here). */
 	pthread_mutex_init(&pool_list_lock, NULL);
 	pool_list = NULL;
+	tls_events.pool = NULL; /* this thread's cached parent events, leaked */
+	tls_events.list = NULL;
+	tls_events.n = 0;
 }
 
 static bool pool_gone(const struct emm_fence_pool *pool)
@@ -149,7 +164,88 @@ static bool pool_gone(const struct emm_fence_pool *pool)
 	return emm_state_exiting() || atomic_load_explicit(&pool->dead, memory_order_acquire);
 }
 
-/* A fence with an event of this pool, from the free list or new. */
+/* --- a thread's own few events ------------------------------------------ */
+
+/* Each thread keeps up to TCACHE_EVENTS released fences of one pool (the
+ * first it released one to while its cache was empty or held a dead
+ * pool's), so that the epochs it closes take and give events without the
+ * pool's mutex, which every thread of the context shares. They go back to
+ * their pool when the thread exits; a dead pool's are freed (the driver
+ * destroyed their events with the context). */
+static pthread_key_t tcache_key;
+static pthread_once_t tcache_once = PTHREAD_ONCE_INIT;
+static bool tcache_keyed;
+
+/* Back to its pool's free list (freed if the pool is dead). */
+static void pool_put(struct cuda_fence *f)
+{
+	struct emm_fence_pool *pool = f->pool;
+
+	if (atomic_load_explicit(&pool->dead, memory_order_acquire)) {
+		free(f);
+		return;
+	}
+	pthread_mutex_lock(&pool->lock);
+	f->next = pool->free_list;
+	pool->free_list = f;
+	pthread_mutex_unlock(&pool->lock);
+}
+
+static void tcache_exit(void *arg)
+{
+	struct event_tcache *c = arg;
+
+	while (c->list) {
+		struct cuda_fence *f = c->list;
+		c->list = f->next;
+		pool_put(f);
+	}
+	c->pool = NULL;
+	c->list = NULL;
+	c->n = 0;
+}
+
+static void tcache_key_init(void)
+{
+	tcache_keyed = pthread_key_create(&tcache_key, tcache_exit) == 0;
+}
+
+static struct cuda_fence *tcache_take(struct emm_fence_pool *pool)
+{
+	struct event_tcache *c = &tls_events;
+	struct cuda_fence *f = c->list;
+
+	if (c->pool != pool || !f)
+		return NULL;
+	c->list = f->next;
+	c->n--;
+	return f;
+}
+
+/* True when f went into this thread's cache. */
+static bool tcache_give(struct cuda_fence *f)
+{
+	struct event_tcache *c = &tls_events;
+
+	if (c->pool != f->pool) {
+		if (c->n && !atomic_load_explicit(&c->pool->dead, memory_order_acquire))
+			return false; /* holding a live pool's: f goes to its own */
+		tcache_exit(c); /* a dead pool's: freed */
+		pthread_once(&tcache_once, tcache_key_init);
+		if (!tcache_keyed || pthread_setspecific(tcache_key, c) != 0)
+			return false; /* no way back at thread exit: never cache */
+		c->pool = f->pool;
+	}
+	if (c->n >= TCACHE_EVENTS)
+		return false;
+	f->next = c->list;
+	c->list = f;
+	c->n++;
+	return true;
+}
+
+/* A fence with an event of this pool: this thread's own, the pool's free
+ * list's, or new. */
 static struct cuda_fence *fence_get(struct emm_fence_pool *pool)
 {
 	const struct emm_real_driver_table *real = emm_state_real();
@@ -157,6 +253,9 @@ static struct cuda_fence *fence_get(struct emm_fence_pool *pool)
 	CUresult r;
 	bool pushed;
 
+	f = tcache_take(pool);
+	if (f)
+		return f;
 	pthread_mutex_lock(&pool->lock);
 	f = pool->free_list;
 	if (f)
@@ -186,16 +285,12 @@ static struct cuda_fence *fence_get(struct emm_fence_pool *pool)
 
 static void fence_put(struct cuda_fence *f)
 {
-	struct emm_fence_pool *pool = f->pool;
-
-	if (atomic_load_explicit(&pool->dead, memory_order_acquire)) {
+	if (atomic_load_explicit(&f->pool->dead, memory_order_acquire)) {
 		free(f);
 		return;
 	}
-	pthread_mutex_lock(&pool->lock);
-	f->next = pool->free_list;
-	pool->free_list = f;
-	pthread_mutex_unlock(&pool->lock);
+	if (!tcache_give(f))
+		pool_put(f);
 }
 
 /* --- the fence ops ----------------------------------------------------- */

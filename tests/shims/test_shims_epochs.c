@@ -14,8 +14,13 @@
  *   - a busy stream gets its event, and the blocks wait for it after the
  *     legacy one has completed;
  *   - during a global-mode capture no stream is queried (and the capture
- *     stays valid); the epoch closes after it.
+ *     stays valid); the epoch closes after it;
+ *   - the events a thread's epochs used go back to the context's pool when
+ *     the thread exits (process/fence_cuda.c keeps a few per thread): a
+ *     second thread doing the same work creates no event.
  */
+#include <pthread.h>
+
 #include "emm_test.h"
 #include "shims_common.h"
 #include "shims_busy.h"
@@ -145,9 +150,50 @@ TEST_BEGIN(test_global_capture_queries_no_stream)
 }
 TEST_END
 
+static CUcontext primary;
+
+static void *pairs_thread(void *arg)
+{
+	CUdeviceptr d;
+
+	(void)arg;
+	if (cuCtxSetCurrent(primary) != CUDA_SUCCESS)
+		return (void *)1;
+	for (int i = 0; i < 64; i++) {
+		if (cuMemAlloc(&d, 64 << 10) != CUDA_SUCCESS || cuMemFree(d) != CUDA_SUCCESS)
+			return (void *)1;
+	}
+	return NULL;
+}
+
+static uint64_t events_created_by_a_thread(void)
+{
+	uint64_t before = fakecuda_calls("cuEventCreate");
+	pthread_t t;
+	void *ret = (void *)1;
+
+	if (pthread_create(&t, NULL, pairs_thread, NULL) != 0 || pthread_join(t, &ret) != 0)
+		return UINT64_MAX;
+	expect_ptr_null(ret);
+	return fakecuda_calls("cuEventCreate") - before;
+}
+
+TEST_BEGIN(test_thread_events_back_at_exit)
+{
+	uint64_t first = events_created_by_a_thread();
+
+	fprintf(stderr, "first thread: %llu events created\n", (unsigned long long)first);
+	expect_true(first >= 1 && first != UINT64_MAX);
+	/* The first thread's events went back at its exit: none needed. */
+	expect_u64_eq(events_created_by_a_thread(), 0);
+}
+TEST_END
+
 int main(void)
 {
-	(void)shims_setup();
-	return emm_test_run(test_idle_streams_get_no_event, test_idle_stream_blocks_wait_for_legacy_event,
-	                    test_busy_stream_gets_event, test_global_capture_queries_no_stream, NULL);
+	primary = shims_setup();
+	/* First: the context's event pool is empty, the first thread creates. */
+	return emm_test_run(test_thread_events_back_at_exit, test_idle_streams_get_no_event,
+	                    test_idle_stream_blocks_wait_for_legacy_event, test_busy_stream_gets_event,
+	                    test_global_capture_queries_no_stream, NULL);
 }
