@@ -12,7 +12,8 @@
  * (st_capture_gate_enter/leave, fence_cuda.c) that checks the registry, and
  * the begin waits for the records and queries that passed the gate before
  * the capture was recorded (two phases, so it never waits for later ones;
- * bounded by GATE_WAIT_MS). Host waits (cuEventSynchronize,
+ * bounded by GATE_WAIT_MS; each thread counts its own in its guard slot,
+ * guard.c, and the begin adds them up). Host waits (cuEventSynchronize,
  * cuCtxSynchronize) check the registry but are not waited for: they may
  * wait for work that waits for the capturing thread.
  *
@@ -78,19 +79,30 @@ static struct emm_capture unknown_capture;
 #define GATE_WAIT_MS 2000u
 
 static atomic_uint gate_phase;
+/* A thread's ops in flight are counted in its guard slot (guard.c: no
+ * cache line shared between threads); here only those of a thread that
+ * could not get a slot (no memory). */
 static atomic_uint gate_inflight[2];
 static pthread_mutex_t gate_drain_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static atomic_uint *gate_counter(unsigned p, bool make)
+{
+	atomic_uint *c = make ? st_guard_gate_counter(p) : st_guard_gate_counter_if_any(p);
+
+	return c ? c : &gate_inflight[p];
+}
 
 bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase)
 {
 	unsigned p = atomic_load(&gate_phase) & 1u;
+	atomic_uint *c = gate_counter(p, true);
 
 	/* Sequentially consistent with the begin's record-then-drain: either
 	 * the begin sees this op in flight and waits for it, or this op sees
 	 * the capture recorded. */
-	atomic_fetch_add(&gate_inflight[p], 1);
+	atomic_fetch_add(c, 1);
 	if (atomic_load(&st_capture_count) != 0 && emm_state_capture_forbids(key)) {
-		atomic_fetch_sub(&gate_inflight[p], 1);
+		atomic_fetch_sub(c, 1);
 		return false;
 	}
 	*ret_phase = p;
@@ -99,7 +111,7 @@ bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase)
 
 void st_capture_gate_leave(unsigned phase)
 {
-	atomic_fetch_sub_explicit(&gate_inflight[phase], 1, memory_order_release);
+	atomic_fetch_sub_explicit(gate_counter(phase, false), 1, memory_order_release);
 }
 
 bool st_capture_gate_check(emm_stream_t key)
@@ -117,7 +129,7 @@ static void gate_drain(void)
 
 	pthread_mutex_lock(&gate_drain_lock);
 	p = atomic_fetch_add(&gate_phase, 1) & 1u;
-	while (atomic_load(&gate_inflight[p]) != 0) {
+	while (atomic_load(&gate_inflight[p]) + st_guard_gate_sum(p) != 0) {
 		if (waited_us >= GATE_WAIT_MS * 1000u) {
 			emm_debug("capture begin: a fence op of another thread still runs after %u ms; "
 			          "the capture begins beside it",

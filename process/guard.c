@@ -36,8 +36,9 @@
 #include "process/process.h"
 
 struct guard_slot {
-	atomic_uint active; /* this thread is inside a heap */
-	atomic_bool used;   /* owned by a live thread */
+	atomic_uint active;  /* this thread is inside a heap */
+	atomic_uint gate[2]; /* its fence ops in flight past the capture gate, per phase (capture.c) */
+	atomic_bool used;    /* owned by a live thread */
 	struct guard_slot *next;
 } __attribute__((aligned(64)));
 
@@ -90,6 +91,8 @@ __attribute__((noinline)) static struct guard_slot *guard_slot_get(void)
 			return NULL;
 		memset(slot, 0, sizeof(*slot));
 		atomic_init(&slot->active, 0);
+		atomic_init(&slot->gate[0], 0);
+		atomic_init(&slot->gate[1], 0);
 		atomic_init(&slot->used, true);
 		slot->next = atomic_load(&guard_slots);
 		while (!atomic_compare_exchange_weak(&guard_slots, &slot->next, slot))
@@ -199,6 +202,37 @@ bool st_guard_begin(unsigned wait_ms)
 void st_guard_end(void)
 {
 	atomic_fetch_sub(&guard_dropping, 1);
+}
+
+/* The capture gate's counters (capture.c) live in the guard's per-thread
+ * slots, so that the fence ops of different threads touch no shared cache
+ * line: this thread's counter of `phase`, its slot made if it has none
+ * yet (NULL without memory: the caller counts elsewhere). A thread's
+ * leave finds the slot its enter used: tls_slot changes only at its exit
+ * and in a fork child. */
+atomic_uint *st_guard_gate_counter(unsigned phase)
+{
+	struct guard_slot *slot = tls_slot;
+
+	if (EMM_UNLIKELY(!slot))
+		slot = guard_slot_get();
+	return slot ? &slot->gate[phase & 1u] : NULL;
+}
+
+/* The calling thread's counter of `phase` if it has a slot, else NULL. */
+atomic_uint *st_guard_gate_counter_if_any(unsigned phase)
+{
+	return tls_slot ? &tls_slot->gate[phase & 1u] : NULL;
+}
+
+/* Every thread's fence ops in flight in `phase`. */
+unsigned st_guard_gate_sum(unsigned phase)
+{
+	unsigned n = 0;
+
+	for (struct guard_slot *slot = atomic_load(&guard_slots); slot; slot = slot->next)
+		n += atomic_load(&slot->gate[phase & 1u]);
+	return n;
 }
 
 void st_guard_fork_child(void)
