@@ -219,6 +219,13 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 	return 0;
 }
 
+emm_heap_t *emm_heap_of_block(emm_addr_t addr)
+{
+	struct emm_block *b = emm_blockmap_get(addr);
+
+	return b ? b->seg->arena->owner : NULL;
+}
+
 int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret)
 {
 	uint64_t base;

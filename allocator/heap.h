@@ -230,6 +230,13 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested);
 /* The live block containing `addr` (interior pointers allowed); -ENOENT. */
 int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
 
+/* The heap of the live block starting at `addr`, from the block map alone
+ * (no arena lock, no segment map: the free path's cheap question "whose is
+ * it"); NULL when no live block starts there. The caller owns the block, so
+ * it cannot change under the call; if another thread frees it meanwhile (a
+ * double free) the answer is still a heap of the same arena. */
+emm_heap_t *emm_heap_of_block(emm_addr_t addr);
+
 /* Stream lifecycle, so epochs know the live non-blocking streams. For a
  * non-blocking stream this also makes it wait (fence->stream_wait, on the
  * GPU) on emm_heap_last_fence's event; no epoch closing meanwhile makes

@@ -18,13 +18,21 @@
 int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested)
 {
 	struct emm_block_range range;
+	emm_heap_t *owner;
 	int r;
 
 	emm_state_validate_current();
-	/* With no pinned heap every block is device memory: skip the lookup. */
-	if ((pinned || emm_state_have_pinned()) && emm_heap_find_block(addr, &range) == 0 &&
-	    emm_state_heap_is_pinned(range.heap) != pinned)
-		return -ENOENT;
+	/* A free naming the other space (device or pinned host) is the
+	 * driver's to refuse. With no pinned heap every block is device
+	 * memory: no question. A block's start answers from the block map;
+	 * anything else (an interior pointer) from the segments. */
+	if (pinned || emm_state_have_pinned()) {
+		owner = emm_heap_of_block(addr);
+		if (!owner && emm_heap_find_block(addr, &range) == 0)
+			owner = range.heap;
+		if (owner && emm_state_heap_is_pinned(owner) != pinned)
+			return -ENOENT;
+	}
 	r = emm_capture_quarantine_free(addr, pinned, ret_requested);
 	if (r > 0)
 		return 0; /* a graph may still use it: a memory checker keeps its region */

@@ -13,6 +13,9 @@
  * close then asks each of them whether it is idle (cuStreamQuery), records
  * the legacy event and polls it (what closing an epoch costs, in driver
  * calls and instructions, with them alive).
+ * --pinned keeps one pinned host block (cuMemAllocHost) live throughout, as
+ * a program that pins memory (PyTorch's data loaders) has: every device free
+ * then also checks that the block is not a pinned one.
  * --pre-size BYTES makes 1000 untimed pairs of that size (same API, legacy
  * stream) before the timed ones: the heap's history, which decides how
  * often a large request finds a completed block (FAKECUDA_EVENT_DELAY=N
@@ -74,6 +77,7 @@ static unsigned long long pairs_per_thread = 200000;
 static CUcontext g_ctx;
 static unsigned nb_streams;
 static size_t pre_size; /* --pre-size: untimed pairs of this size first */
+static bool pinned_block; /* --pinned: one live pinned host block (as PyTorch's pinned memory) */
 static pthread_barrier_t start; /* the workers' fill done: the clock starts */
 
 /* Driver calls the shims make on their own behalf (counted per pair). */
@@ -304,9 +308,12 @@ int main(int argc, char **argv)
 			pre_size = (size_t)strtoull(argv[++i], NULL, 0);
 		else if (!strcmp(argv[i], "--nb-streams") && i + 1 < argc)
 			nb_streams = (unsigned)strtoul(argv[++i], NULL, 0);
+		else if (!strcmp(argv[i], "--pinned"))
+			pinned_block = true;
 		else {
 			fprintf(stderr, "usage: %s [--pattern ws|lifo] [--api sync|async|rt|rt-async|vmm] [--threads 1,2,4] "
-			                "[--pairs N] [--size BYTES] [--nb-streams N] [--pre-size BYTES]\n", argv[0]);
+			                "[--pairs N] [--size BYTES] [--nb-streams N] [--pre-size BYTES] [--pinned]\n",
+			        argv[0]);
 			return 2;
 		}
 	}
@@ -323,6 +330,11 @@ int main(int argc, char **argv)
 		CUstream s;
 		if (cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
 			return 1;
+	}
+	void *host = NULL;
+	if (pinned_block && cuMemAllocHost(&host, 4096) != CUDA_SUCCESS) {
+		fprintf(stderr, "--pinned: cuMemAllocHost failed\n");
+		return 1;
 	}
 	for (int i = 0; pre_size && i < 1000; i++) {
 		CUdeviceptr p;
