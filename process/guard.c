@@ -214,8 +214,10 @@ atomic_uint *st_guard_gate_counter(unsigned phase)
 {
 	struct guard_slot *slot = tls_slot;
 
-	if (EMM_UNLIKELY(!slot))
+	if (EMM_UNLIKELY(!slot)) {
+		st_guard_setup(); /* its key, if no heap was entered yet */
 		slot = guard_slot_get();
+	}
 	return slot ? &slot->gate[phase & 1u] : NULL;
 }
 
