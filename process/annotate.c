@@ -306,6 +306,7 @@ void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device)
 	while (piece_take(addr, size, &piece))
 		heap_unregister(piece);
 	heap_unregister(addr);
+	st_region_forget_range(addr, size); /* the tool dropped the heap's regions */
 }
 
 /* The grown part [addr+old_size, addr+new_size) of a segment: a heap of its
@@ -351,6 +352,12 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 		emm_debug("annotations: region %s %#llx (%zu bytes) in heap %#llx, device %d", add ? "+" : "-",
 		          (unsigned long long)addr, b.requested ? b.requested : b.size, (unsigned long long)heap,
 		          emm_heap_device(b.heap));
+	/* Only what libemm registered is unregistered (annotate_regions.c). */
+	if (add ? !st_region_note(addr) : !st_region_forget(addr)) {
+		emm_debug("annotations: region %s %#llx: %s", add ? "+" : "-", (unsigned long long)addr,
+		          add ? "no memory to remember it: not registered" : "never registered: no call");
+		return;
+	}
 	int mode = st_capture_relax();
 	if (add) {
 		size_t size = b.requested ? b.requested : b.size;

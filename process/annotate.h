@@ -51,6 +51,15 @@ static inline void st_annotate_ensure_probed(void)
 }
 
 void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device);
+/* The regions registered and not yet unregistered (annotate_regions.c):
+ * note one before registering it (false without memory: then it is not
+ * registered), forget one before unregistering it (false: libemm never
+ * registered it, so no call), forget a gone heap's, and start empty in a
+ * fork child. */
+bool st_region_note(uint64_t addr);
+bool st_region_forget(uint64_t addr);
+void st_region_forget_range(uint64_t base, size_t size);
+void st_regions_fork_child(void);
 void st_annotate_block_slow(uint64_t addr, bool add, bool pinned);
 /* The part [addr+old_size, addr+new_size) a segment of `device` grew by (a
  * heap of its own: the tool's heaps do not grow); the segment's free

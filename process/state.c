@@ -288,6 +288,7 @@ static void fork_child(void)
 	st_stats_fork_child();
 	emm_ptrmap_reset();
 	st_guard_fork_child();
+	st_regions_fork_child();
 	emm_fence_fork_child();
 	st_vmm_fork_child();
 	st_trace_fork_child();

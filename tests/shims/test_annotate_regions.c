@@ -1,0 +1,51 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * tests/shims/test_annotate_regions.c - the set of regions libemm has
+ * registered with a memory checker (process/annotate_regions.c): a region
+ * is unregistered only if it was registered and not already forgotten,
+ * registering one twice keeps one, and a heap's going takes the regions
+ * inside it (not those at its end or before it).
+ */
+#include "emm_test.h"
+#include "process/annotate.h"
+
+#define BASE UINT64_C(0x7f0000000000)
+
+TEST_BEGIN(test_note_forget)
+{
+	expect_false(st_region_forget(BASE)); /* never registered */
+	expect_true(st_region_note(BASE));
+	expect_true(st_region_note(BASE)); /* again: one */
+	expect_true(st_region_forget(BASE));
+	expect_false(st_region_forget(BASE)); /* already forgotten */
+}
+TEST_END
+
+TEST_BEGIN(test_forget_range)
+{
+	/* Many regions over many buckets, some in a 2 MiB heap. */
+	for (uint64_t i = 0; i < 20000; i++)
+		expect_true(st_region_note(BASE + i * 512));
+	st_region_forget_range(BASE + 4096 * 512, 2u << 20); /* [4096, 8192) x 512 */
+	expect_true(st_region_forget(BASE + 4095 * 512));
+	expect_false(st_region_forget(BASE + 4096 * 512));
+	expect_false(st_region_forget(BASE + 8191 * 512));
+	expect_true(st_region_forget(BASE + 8192 * 512));
+	st_region_forget_range(BASE, 20000 * 512);
+	for (uint64_t i = 0; i < 20000; i += 997)
+		expect_false(st_region_forget(BASE + i * 512));
+}
+TEST_END
+
+TEST_BEGIN(test_fork_child_starts_empty)
+{
+	expect_true(st_region_note(BASE + 512));
+	st_regions_fork_child();
+	expect_false(st_region_forget(BASE + 512));
+}
+TEST_END
+
+int main(void)
+{
+	return emm_test_run(test_note_forget, test_forget_range, test_fork_child_starts_empty, NULL);
+}
