@@ -240,11 +240,37 @@ TEST_BEGIN(test_shared_and_partial_pass_through)
 }
 TEST_END
 
+/* Freed buffer `a` (`size` bytes) is still in use: the next allocation of
+ * its size, into *b, gets a new one from the driver, without a host wait. */
+static void expect_not_reused(const struct vmm_buf *a, size_t size, struct vmm_buf *b)
+{
+	assert_int_eq(xla_alloc(b, size), CUDA_SUCCESS);
+	expect_true(b->va != a->va);
+	expect_u64_eq(fakecuda_calls("cuMemCreate"), 1);
+	expect_u64_eq(fake_stats().event_syncs + fake_stats().ctx_syncs, 0); /* no host wait */
+}
+
+/* Once its work is done (events complete from here on), `a`'s buffer is
+ * the next allocation of its size, with no driver call; then that buffer
+ * and b are freed. */
+static void expect_reused(const struct vmm_buf *a, size_t size, struct vmm_buf *b)
+{
+	struct vmm_buf c;
+
+	fakecuda_set_event_delay(0);
+	fakecuda_reset_counters();
+	assert_int_eq(xla_alloc(&c, size), CUDA_SUCCESS);
+	expect_true(c.va == a->va);
+	expect_u64_eq(vmm_calls(), 0);
+	assert_int_eq(vmm_call_free(b), CUDA_SUCCESS);
+	assert_int_eq(vmm_call_free(&c), CUDA_SUCCESS);
+}
+
 /* A freed buffer is not handed out before the work issued before its free
  * has finished (its events complete); then it is. */
 TEST_BEGIN(test_fence_holds_freed_buffer)
 {
-	struct vmm_buf a, b, c;
+	struct vmm_buf a, b;
 	CUstream nb;
 
 	assert_int_eq(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -253,18 +279,9 @@ TEST_BEGIN(test_fence_holds_freed_buffer)
 	assert_int_eq(xla_alloc(&a, 10 * MIB), CUDA_SUCCESS);
 	assert_int_eq(vmm_call_free(&a), CUDA_SUCCESS);
 	fakecuda_reset_counters();
-	assert_int_eq(xla_alloc(&b, 10 * MIB), CUDA_SUCCESS);
-	expect_true(b.va != a.va);
-	expect_u64_eq(fakecuda_calls("cuMemCreate"), 1);
-	expect_u64_eq(fake_stats().event_syncs + fake_stats().ctx_syncs, 0); /* no host wait */
+	assert_(expect_not_reused(&a, 10 * MIB, &b));
 	fakecuda_complete_all();
-	fakecuda_set_event_delay(0);
-	fakecuda_reset_counters();
-	assert_int_eq(xla_alloc(&c, 10 * MIB), CUDA_SUCCESS);
-	expect_true(c.va == a.va);
-	expect_u64_eq(vmm_calls(), 0);
-	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
-	assert_int_eq(vmm_call_free(&c), CUDA_SUCCESS);
+	assert_(expect_reused(&a, 10 * MIB, &b));
 	assert_int_eq(cuStreamDestroy(nb), CUDA_SUCCESS);
 }
 TEST_END
@@ -320,7 +337,7 @@ TEST_END
  * not handed back before a later synchronisation or its events say so. */
 TEST_BEGIN(test_lazy_free_waits_for_later_work)
 {
-	struct vmm_buf a, b, c;
+	struct vmm_buf a, b;
 	CUstream nb;
 
 	assert_int_eq(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
@@ -331,18 +348,10 @@ TEST_BEGIN(test_lazy_free_waits_for_later_work)
 	fakecuda_reset_counters();
 	assert_int_eq(vmm_call_free(&a), CUDA_SUCCESS);
 	expect_u64_eq(fakecuda_calls("cuEventRecord"), 0); /* lazy: fenced by the next sync */
-	assert_int_eq(xla_alloc(&b, 6 * MIB), CUDA_SUCCESS);
-	expect_true(b.va != a.va); /* not covered: its events, recorded now, are not done */
-	expect_u64_eq(fakecuda_calls("cuMemCreate"), 1);
-	expect_u64_eq(fake_stats().event_syncs + fake_stats().ctx_syncs, 0); /* no host wait */
+	/* Not covered: its events, recorded now, are not done. */
+	assert_(expect_not_reused(&a, 6 * MIB, &b));
 	assert_int_eq(cuCtxSynchronize(), CUDA_SUCCESS); /* covers a's free */
-	fakecuda_set_event_delay(0);
-	fakecuda_reset_counters();
-	assert_int_eq(xla_alloc(&c, 6 * MIB), CUDA_SUCCESS);
-	expect_true(c.va == a.va);
-	expect_u64_eq(vmm_calls(), 0);
-	assert_int_eq(vmm_call_free(&b), CUDA_SUCCESS);
-	assert_int_eq(vmm_call_free(&c), CUDA_SUCCESS);
+	assert_(expect_reused(&a, 6 * MIB, &b));
 	assert_int_eq(cuStreamDestroy(nb), CUDA_SUCCESS);
 }
 TEST_END
