@@ -87,7 +87,7 @@ static pthread_mutex_t gate_drain_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static atomic_uint *gate_counter(unsigned p, bool make)
 {
-	atomic_uint *c = make ? st_guard_gate_counter(p) : st_guard_gate_counter_if_any(p);
+	atomic_uint *c = st_guard_gate_counter(p, make);
 
 	return c ? c : &gate_inflight[p];
 }

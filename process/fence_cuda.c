@@ -285,11 +285,8 @@ static struct cuda_fence *fence_get(struct emm_fence_pool *pool)
 
 static void fence_put(struct cuda_fence *f)
 {
-	if (atomic_load_explicit(&f->pool->dead, memory_order_acquire)) {
-		free(f);
-		return;
-	}
-	if (!tcache_give(f))
+	/* A dead pool's never goes to this thread's cache: pool_put frees it. */
+	if (atomic_load_explicit(&f->pool->dead, memory_order_acquire) || !tcache_give(f))
 		pool_put(f);
 }
 

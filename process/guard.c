@@ -206,25 +206,19 @@ void st_guard_end(void)
 
 /* The capture gate's counters (capture.c) live in the guard's per-thread
  * slots, so that the fence ops of different threads touch no shared cache
- * line: this thread's counter of `phase`, its slot made if it has none
- * yet (NULL without memory: the caller counts elsewhere). A thread's
- * leave finds the slot its enter used: tls_slot changes only at its exit
- * and in a fork child. */
-atomic_uint *st_guard_gate_counter(unsigned phase)
+ * line: this thread's counter of `phase`, its slot made first with `make`
+ * if it has none (NULL without one: the caller counts elsewhere). A
+ * thread's leave finds the slot its enter used: tls_slot changes only at
+ * its exit and in a fork child. */
+atomic_uint *st_guard_gate_counter(unsigned phase, bool make)
 {
 	struct guard_slot *slot = tls_slot;
 
-	if (EMM_UNLIKELY(!slot)) {
+	if (EMM_UNLIKELY(!slot) && make) {
 		st_guard_setup(); /* its key, if no heap was entered yet */
 		slot = guard_slot_get();
 	}
 	return slot ? &slot->gate[phase & 1u] : NULL;
-}
-
-/* The calling thread's counter of `phase` if it has a slot, else NULL. */
-atomic_uint *st_guard_gate_counter_if_any(unsigned phase)
-{
-	return tls_slot ? &tls_slot->gate[phase & 1u] : NULL;
 }
 
 /* Every thread's fence ops in flight in `phase`. */

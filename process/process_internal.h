@@ -183,10 +183,9 @@ bool st_guard_begin(unsigned wait_ms);
 void st_guard_end(void);
 void st_guard_fork_child(void);
 /* The capture gate's per-thread counters (capture.c): this thread's of a
- * phase (made with its slot; NULL without memory, or with no slot for the
- * _if_any form), and the sum of every thread's. */
-atomic_uint *st_guard_gate_counter(unsigned phase);
-atomic_uint *st_guard_gate_counter_if_any(unsigned phase);
+ * phase (its slot made first with `make`; NULL without a slot), and the
+ * sum of every thread's. */
+atomic_uint *st_guard_gate_counter(unsigned phase, bool make);
 unsigned st_guard_gate_sum(unsigned phase);
 
 /* --- contexts.c: the context registry ---------------------------------- */
