@@ -94,16 +94,17 @@ static bool has_retired(const struct ctx_entry *e, const void *arg)
 
 emm_heap_t *st_retired_heap_of(emm_addr_t addr)
 {
-	struct emm_block_range range;
+	emm_heap_t *heap;
 	bool retired;
 
+	/* A free names a block's start: the block map knows its heap. */
 	if (EMM_LIKELY(!atomic_load_explicit(&any_retired, memory_order_relaxed)) ||
-	    emm_heap_find_block(addr, &range) != 0)
+	    !(heap = emm_heap_of_block(addr)))
 		return NULL;
 	st_lock(&st_ctx_lock);
-	retired = st_ctx_find_locked(has_retired, range.heap, false) != NULL;
+	retired = st_ctx_find_locked(has_retired, heap, false) != NULL;
 	st_unlock(&st_ctx_lock);
 	/* The heap is destroyed only with its context, under the heap guard
 	 * the caller is inside: it outlives the free. */
-	return retired ? range.heap : NULL;
+	return retired ? heap : NULL;
 }
