@@ -353,7 +353,7 @@ void st_annotate_block_slow(uint64_t addr, bool add, bool pinned)
 		          (unsigned long long)addr, b.requested ? b.requested : b.size, (unsigned long long)heap,
 		          emm_heap_device(b.heap));
 	/* Only what libemm registered is unregistered (annotate_regions.c). */
-	if (add ? !st_region_note(addr) : !st_region_forget(addr)) {
+	if (add ? !st_region_note(addr, emm_heap_device(b.heap)) : !st_region_forget(addr)) {
 		emm_debug("annotations: region %s %#llx: %s", add ? "+" : "-", (unsigned long long)addr,
 		          add ? "no memory to remember it: not registered" : "never registered: no call");
 		return;

@@ -52,13 +52,15 @@ static inline void st_annotate_ensure_probed(void)
 
 void st_annotate_heap_slow(uint64_t addr, size_t size, bool add, int device);
 /* The regions registered and not yet unregistered (annotate_regions.c):
- * note one before registering it (false without memory: then it is not
- * registered), forget one before unregistering it (false: libemm never
- * registered it, so no call), forget a gone heap's, and start empty in a
- * fork child. */
-bool st_region_note(uint64_t addr);
+ * note one of `device` before registering it (false without memory: then
+ * it is not registered), forget one before unregistering it (false:
+ * libemm never registered it, so no call), forget a gone heap's, forget a
+ * device's (the count) once peer access to it may be on, and start empty
+ * in a fork child. */
+bool st_region_note(uint64_t addr, int device);
 bool st_region_forget(uint64_t addr);
 void st_region_forget_range(uint64_t base, size_t size);
+size_t st_regions_forget_device(int device);
 void st_regions_fork_child(void);
 void st_annotate_block_slow(uint64_t addr, bool add, bool pinned);
 /* The part [addr+old_size, addr+new_size) a segment of `device` grew by (a

@@ -13,7 +13,9 @@
  * plain allocations they are, as cudaMalloc's) and gives back its idle
  * ones, so that later blocks come from unannotated segments; blocks in
  * segments still holding live blocks keep their regions, and a peer's
- * access to those is still reported.
+ * access to those is still reported. Their regions are never unregistered
+ * (the tool refuses that once peer access is on): a block freed after the
+ * device went off is not seen as freed, until its segment goes.
  *
  * When is peer access possible: after cuCtxEnablePeerAccess names the
  * device (emm_state_peer_access_enabled), and as soon as a second device
@@ -48,17 +50,23 @@ static int device_of(CUcontext ctx)
 static bool device_off(int device, bool release)
 {
 	long long released = 0;
+	size_t forgotten;
 
 	if (!st_annotate_set_device_off(device))
 		return false;
+	/* Once another device may reach this one's memory the tool refuses
+	 * the unregister of its regions (annotate_regions.c): the blocks
+	 * live now keep them in the tool until their heap goes. */
+	forgotten = st_regions_forget_device(device);
 	if (release && atomic_load_explicit(&st_annotate_on, memory_order_relaxed)) {
 		/* Its contexts' new blocks from fresh heaps: none carved from a
 		 * segment the tool knows (contexts_retire.c). */
 		st_contexts_retire_heaps(device);
 		(void)emm_state_release_idle(device, 0, &released);
 	}
-	emm_debug("annotations: device %d: %lld idle bytes given back, its new segments are not annotated", device,
-	          released);
+	emm_debug("annotations: device %d: %lld idle bytes given back, its new segments are not annotated, its %zu "
+	          "live regions not unregistered",
+	          device, released, forgotten);
 	return true;
 }
 

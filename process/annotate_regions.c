@@ -7,6 +7,11 @@
  * or more of the parameters is invalid", race-multidevice under memcheck
  * on two GPUs). A region's heap going away (its segment given back, its
  * context gone) takes the heap's regions with it in the tool, and here.
+ * So does another device's gaining access to the region's device's memory:
+ * the tool then refuses the unregister of every region registered there
+ * before (tests/gpu/probe_nvtx_unreg.cu, case peer10, on two H200), and as
+ * cudart enables peer access through calls libemm does not see, a device's
+ * regions are forgotten when its annotations go off (annotate_peer.c).
  *
  * Used only while annotations are on (a tool is attached), so it is plain:
  * a fixed array of buckets of malloc'd nodes under one mutex.
@@ -21,6 +26,7 @@
 
 struct region {
 	uint64_t addr;
+	int device;
 	struct region *next;
 };
 
@@ -32,7 +38,7 @@ static unsigned bucket_of(uint64_t addr)
 	return (unsigned)((addr >> 9) * UINT64_C(0x9e3779b97f4a7c15) >> 52) & (BUCKETS - 1);
 }
 
-bool st_region_note(uint64_t addr)
+bool st_region_note(uint64_t addr, int device)
 {
 	struct region *r = malloc(sizeof(*r));
 	unsigned b = bucket_of(addr);
@@ -40,6 +46,7 @@ bool st_region_note(uint64_t addr)
 	if (!r)
 		return false;
 	r->addr = addr;
+	r->device = device;
 	pthread_mutex_lock(&regions_lock);
 	for (struct region *o = buckets[b]; o; o = o->next) {
 		if (o->addr == addr) { /* registered again: one is enough */
@@ -71,19 +78,23 @@ bool st_region_forget(uint64_t addr)
 	return r != NULL;
 }
 
-void st_region_forget_range(uint64_t base, size_t size)
+/* Forget every region in [base, base + size) if device < 0, else every
+ * region of `device`; the count. */
+static size_t forget_where(uint64_t base, size_t size, int device)
 {
 	struct region *dead = NULL;
+	size_t n = 0;
 
 	pthread_mutex_lock(&regions_lock);
 	for (unsigned b = 0; b < BUCKETS; b++) {
 		struct region **link = &buckets[b];
 		while (*link) {
 			struct region *r = *link;
-			if (r->addr - base < size) {
+			if (device < 0 ? r->addr - base < size : r->device == device) {
 				*link = r->next;
 				r->next = dead;
 				dead = r;
+				n++;
 			} else {
 				link = &r->next;
 			}
@@ -95,6 +106,17 @@ void st_region_forget_range(uint64_t base, size_t size)
 		dead = r->next;
 		free(r);
 	}
+	return n;
+}
+
+void st_region_forget_range(uint64_t base, size_t size)
+{
+	(void)forget_where(base, size, -1);
+}
+
+size_t st_regions_forget_device(int device)
+{
+	return device < 0 ? 0 : forget_where(0, 0, device);
 }
 
 void st_regions_fork_child(void)

@@ -19,6 +19,7 @@
  */
 #include "fake.h"
 
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -85,6 +86,22 @@ static CUresult peer_args_locked(CUcontext peer, struct fake_ctx **cur, struct f
 	return CUDA_SUCCESS;
 }
 
+/* compute-sanitizer drops the NVTX regions of a device's heaps once
+ * another device gains access to its memory (a later unregister of one is
+ * refused: tests/gpu/probe_nvtx_unreg.cu, case peer10). The fake tool
+ * (tests/shims/fake_nvtx_tool.c), when loaded, is told the same. */
+static void tell_tool(int device)
+{
+	const char *path = getenv("NVTX_INJECTION64_PATH");
+	void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : NULL;
+	void (*fn)(int) = h ? (void (*)(int))dlsym(h, "fake_nvtx_peer_access") : NULL;
+
+	if (fn)
+		fn(device);
+	if (h)
+		dlclose(h);
+}
+
 FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flags)
 {
 	FAKE_ENTER(cuCtxEnablePeerAccess);
@@ -109,9 +126,14 @@ FAKE_API CUresult cuCtxEnablePeerAccess(CUcontext peerContext, unsigned int Flag
 			r = CUDA_ERROR_OUT_OF_MEMORY;
 		}
 	}
-	if (r == CUDA_SUCCESS)
+	int peer_device = -1;
+	if (r == CUDA_SUCCESS) {
 		links[nlinks++] = (struct peer_link){cur, peer};
+		peer_device = peer->device;
+	}
 	fake_unlock();
+	if (peer_device >= 0)
+		tell_tool(peer_device);
 	return r;
 }
 

@@ -41,15 +41,6 @@ __global__ void sum_words(const uint32_t *p, size_t n, unsigned long long *out)
 	atomicAdd(out, s);
 }
 
-#define CK(x)                                                                                \
-	do {                                                                                 \
-		cudaError_t e_ = (x);                                                        \
-		if (e_ != cudaSuccess) {                                                     \
-			printf("%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-			return 1;                                                            \
-		}                                                                            \
-	} while (0)
-
 static nvtxMemHeapHandle_t heaps[2];
 static int nheaps;
 
@@ -86,26 +77,18 @@ int main(int argc, char **argv)
 			c = i;
 	if (c < 0)
 		return 2;
-	int n = 0, can = 0;
-	if (cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
-		printf("skip: fewer than two GPUs\n");
+	if (probe_two_gpus() != 0)
 		return 77;
-	}
-	CK(cudaDeviceCanAccessPeer(&can, 0, 1));
-	if (!can) {
-		printf("skip: device 0 cannot access device 1\n");
-		return 77;
-	}
 	const size_t MiB = 1 << 20, seg_size = 4 * MiB, block = MiB;
 	void *seg;
-	CK(cudaSetDevice(1));
-	CK(cudaMalloc(&seg, seg_size));
-	CK(cudaMemset(seg, 1, seg_size));
+	RT_CK(cudaSetDevice(1));
+	RT_CK(cudaMalloc(&seg, seg_size));
+	RT_CK(cudaMemset(seg, 1, seg_size));
 	if (c != 0)
 		annotate(seg, seg_size, seg, block);
 	int run_on = strcmp(name, "region-own") == 0 ? 1 : 0;
-	CK(cudaSetDevice(0));
-	CK(cudaDeviceEnablePeerAccess(1, 0));
+	RT_CK(cudaSetDevice(0));
+	RT_CK(cudaDeviceEnablePeerAccess(1, 0));
 	if (c == 3)
 		annotate(seg, seg_size, seg, block);
 	const uint32_t rw = NVTX_MEM_PERMISSIONS_REGION_FLAGS_READ | NVTX_MEM_PERMISSIONS_REGION_FLAGS_WRITE;
@@ -127,20 +110,20 @@ int main(int argc, char **argv)
 		b.regionElements = &r;
 		nvtxMemPermissionsAssign(NULL, &b);
 	}
-	CK(cudaSetDevice(run_on));
+	RT_CK(cudaSetDevice(run_on));
 	unsigned long long *sum;
-	CK(cudaMallocManaged(&sum, sizeof(*sum)));
+	RT_CK(cudaMallocManaged(&sum, sizeof(*sum)));
 	*sum = 0;
 	size_t words = (block + (oob ? 4 : 0)) / 4;
 	sum_words<<<64, 256>>>((const uint32_t *)seg, words, sum);
-	CK(cudaGetLastError());
-	CK(cudaDeviceSynchronize());
+	RT_CK(cudaGetLastError());
+	RT_CK(cudaDeviceSynchronize());
 	printf("PROBE %s%s: kernel on device %d read %zu words, sum %llu\n", name, oob ? "-oob" : "", run_on, words,
 	       *sum);
-	CK(cudaFree(sum));
-	CK(cudaSetDevice(1));
+	RT_CK(cudaFree(sum));
+	RT_CK(cudaSetDevice(1));
 	while (nheaps > 0)
 		nvtxMemHeapUnregister(NULL, heaps[--nheaps]);
-	CK(cudaFree(seg));
+	RT_CK(cudaFree(seg));
 	return 0;
 }

@@ -7,7 +7,10 @@
  * fake_nvtx_* (found with dlopen(RTLD_NOLOAD) + dlsym). It checks what a
  * real tool would complain about: a region outside its heap, a heap or
  * region registered twice or unregistered when not live; each such misuse
- * is counted in fake_nvtx_errors.
+ * is counted in fake_nvtx_errors. Like compute-sanitizer, it drops the
+ * regions of a device's heaps when another device gains access to that
+ * device's memory (the fake driver's cuCtxEnablePeerAccess calls
+ * fake_nvtx_peer_access), so a later unregister of one is an error.
  *
  * FAKE_NVTX_SLOTS=none makes it fill no slot (a tool that ignores the
  * memory API). FAKE_NVTX_EXIT_HEAPS=N makes its destructor (after every
@@ -31,13 +34,14 @@
 struct range {
 	uintptr_t addr;
 	size_t size;
-	uintptr_t heap;
+	uintptr_t heap; /* a region's heap; a heap's device */
 };
 
 EXPORT int InitializeInjectionNvtxExtension(nvtxExtModuleInfo_t *info);
 EXPORT unsigned long long fake_nvtx_count(int which);
 EXPORT size_t fake_nvtx_region(uintptr_t addr);
 EXPORT size_t fake_nvtx_heap(uintptr_t addr);
+EXPORT void fake_nvtx_peer_access(int device);
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct range heaps[MAX], regions[MAX];
@@ -72,6 +76,18 @@ static int refuse_host_ok(uintptr_t a)
 	return attr && attr(&type, 2 /* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */, a) == 0 && type == 1 /* HOST */;
 }
 
+/* The device of the memory at a, from the driver; -1 if it does not say. */
+static int device_of(uintptr_t a)
+{
+	int (*attr)(void *, int, unsigned long long) =
+	    (int (*)(void *, int, unsigned long long))dlsym(RTLD_DEFAULT, "cuPointerGetAttribute");
+	int dev = -1;
+
+	if (!attr || attr(&dev, 9 /* CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL */, a) != 0)
+		return -1;
+	return dev;
+}
+
 /* compute-sanitizer's handlers call the driver; during a global-mode
  * capture such a call fails unless the caller relaxed its thread's mode.
  * A "potentially unsafe" call stands for them (an error if refused). */
@@ -91,6 +107,7 @@ static nvtxMemHeapHandle_t heap_register(nvtxDomainHandle_t d, nvtxMemHeapDesc_t
 
 	(void)d;
 	driver_call_allowed(a);
+	int dev = device_of(a); /* as the real tool's handlers, outside its lock */
 	pthread_mutex_lock(&lock);
 	heap_regs++;
 	/* FAKE_NVTX_REFUSE_DEVICE=1: refuse heaps whose first byte the
@@ -105,7 +122,7 @@ static nvtxMemHeapHandle_t heap_register(nvtxDomainHandle_t d, nvtxMemHeapDesc_t
 	else if (find(heaps, n_heaps, a) >= 0)
 		error("heap registered twice", a);
 	else if (n_heaps < MAX)
-		heaps[n_heaps++] = (struct range){a, r->size, 0};
+		heaps[n_heaps++] = (struct range){a, r->size, (uintptr_t)(intptr_t)dev};
 	pthread_mutex_unlock(&lock);
 	return (nvtxMemHeapHandle_t)a;
 }
@@ -128,6 +145,21 @@ static void heap_unregister(nvtxDomainHandle_t d, nvtxMemHeapHandle_t h)
 				regions[j] = regions[--n_regions];
 			else
 				j++;
+	}
+	pthread_mutex_unlock(&lock);
+}
+
+/* Another device gained access to `device`'s memory: its heaps' regions
+ * are dropped (the heaps stay). */
+EXPORT void fake_nvtx_peer_access(int device)
+{
+	pthread_mutex_lock(&lock);
+	for (unsigned j = 0; j < n_regions;) {
+		int i = find(heaps, n_heaps, regions[j].heap);
+		if (i >= 0 && (intptr_t)heaps[i].heap == device)
+			regions[j] = regions[--n_regions];
+		else
+			j++;
 	}
 	pthread_mutex_unlock(&lock);
 }
