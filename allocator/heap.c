@@ -269,6 +269,30 @@ static void drop_fence_struct(struct emm_fence *f)
 	free(f);
 }
 
+/* An arena's lock spins a little before it sleeps (glibc's adaptive
+ * mutex): its critical sections are a few hundred nanoseconds, and a
+ * thread that sleeps on one pays a futex wait and wake-up many times
+ * that. Other threads lock an arena when they free its blocks or take one
+ * on a miss (take_other_arena, heap_alloc.c); with a plain mutex, 16
+ * threads of bench-core's working set paid 886-981 ns per pair, with this
+ * one 598-742 (1 thread: the same; RESULTS.md section 28). */
+static int arena_mutex_init(pthread_mutex_t *m)
+{
+#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
+	pthread_mutexattr_t a;
+	int r = pthread_mutexattr_init(&a);
+
+	if (r == 0) {
+		(void)pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
+		r = pthread_mutex_init(m, &a);
+		pthread_mutexattr_destroy(&a);
+	}
+	return r;
+#else
+	return pthread_mutex_init(m, NULL);
+#endif
+}
+
 static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_params *params,
                                   const struct emm_segment_source *src, const struct emm_segment_pages *pages,
                                   const struct emm_fence_ops *fence)
@@ -276,7 +300,7 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	struct arena *h = heap_zalloc_lines(sizeof(*h));
 	if (!h)
 		return NULL;
-	if (pthread_mutex_init(&h->lock, NULL)) {
+	if (arena_mutex_init(&h->lock)) {
 		free(h);
 		return NULL;
 	}

@@ -9,14 +9,16 @@
  * on its own per-thread stream key for the stream-ordered path).
  *
  *   bench-core [--quick] [--threads] [--private] [--arenas N]
- *              [--working-set [--iters N] [--max-threads N]]
+ *              [--working-set [--iters N] [--min-threads N] [--max-threads N]]
  *
  * --threads runs only the thread table; --private gives each thread its own
  * heap (the block map stays shared), to tell heap sharing from the rest.
  * --working-set runs only the working-set table: each thread keeps 64 live
  * blocks of random sizes (256 B - 8 MiB, log-uniform: tests/gpu/bench-threads'
  * loop) and replaces one per iteration, on 1..16 threads sharing one heap,
- * with the fence work per pair from the heap's counters.
+ * with the fence work per pair from the heap's counters; --min-threads
+ * starts the doubling at N (a profile of one thread count), and --private
+ * gives each thread its own heap there too.
  * --arenas N sets the heap's arena count (default: one per CPU, as libemm).
  *
  * Paths:
@@ -45,7 +47,7 @@
 static unsigned batch = 1000, batches = 301, warmup = 20000;
 static bool private_heaps; /* --private: one heap per thread (isolates heap sharing) */
 static unsigned arenas;     /* --arenas: 0 = one per CPU */
-static unsigned ws_iters, ws_max_threads = 16; /* --iters, --max-threads (working set) */
+static unsigned ws_iters, ws_min_threads = 1, ws_max_threads = 16; /* --iters, --min/max-threads (working set) */
 
 /* --- doubles -------------------------------------------------------------- */
 
@@ -315,9 +317,10 @@ static void working_set(void)
 	printf("Working set (%d live blocks of 256 B - 8 MiB per thread, one replaced per pair), "
 	       "%u pairs per thread, sync/fence path\n\n", WS_LIVE, iters);
 	printf("| threads | ns per pair per thread | aggregate Mpairs/s | per pair: events recorded | "
-	       "epochs closed | backend allocs | backend frees |\n|---|---|---|---|---|---|---|\n");
-	for (unsigned threads = 1; threads <= ws_max_threads; threads *= 2) {
-		emm_heap_t *h = make_heap(PATH_SYNC_FENCE);
+	       "epochs closed | backend allocs | backend frees | reserved peak MiB |\n"
+	       "|---|---|---|---|---|---|---|---|\n");
+	for (unsigned threads = ws_min_threads; threads <= ws_max_threads; threads *= 2) {
+		emm_heap_t *h = make_heap(PATH_SYNC_FENCE), *priv[16] = {NULL};
 		struct ws_job jobs[16];
 		pthread_t th[16];
 		pthread_barrier_t bar;
@@ -326,14 +329,18 @@ static void working_set(void)
 
 		pthread_barrier_init(&bar, NULL, threads + 1);
 		for (unsigned t = 0; t < threads; t++) {
-			jobs[t] = (struct ws_job){.heap = h, .id = t, .iters = iters, .barrier = &bar};
+			if (private_heaps && t > 0)
+				priv[t] = make_heap(PATH_SYNC_FENCE);
+			jobs[t] = (struct ws_job){.heap = priv[t] ? priv[t] : h, .id = t, .iters = iters, .barrier = &bar};
 			pthread_create(&th[t], NULL, ws_loop, &jobs[t]);
 		}
 		pthread_barrier_wait(&bar);
-		emm_heap_add_stats(h, &before);
+		for (unsigned t = 0; t < threads; t++)
+			emm_heap_add_stats(priv[t] ? priv[t] : (t ? NULL : h), &before);
 		for (unsigned t = 0; t < threads; t++)
 			pthread_join(th[t], NULL);
-		emm_heap_add_stats(h, &after);
+		for (unsigned t = 0; t < threads; t++)
+			emm_heap_add_stats(priv[t] ? priv[t] : (t ? NULL : h), &after);
 		for (unsigned t = 0; t < threads; t++) {
 			if (jobs[t].err) {
 				fprintf(stderr, "allocation failed\n");
@@ -343,11 +350,11 @@ static void working_set(void)
 				wall = jobs[t].ns;
 		}
 		double pairs = (double)iters * threads;
-		printf("| %u | %.1f | %.2f | %.4f | %.4f | %.5f | %.5f |\n", threads, (double)wall / iters,
+		printf("| %u | %.1f | %.2f | %.4f | %.4f | %.5f | %.5f | %.0f |\n", threads, (double)wall / iters,
 		       pairs / ((double)wall / 1e9) / 1e6, (after.events_recorded - before.events_recorded) / pairs,
 		       (after.epochs_closed - before.epochs_closed) / pairs,
 		       (after.backend_allocs - before.backend_allocs) / pairs,
-		       (after.backend_frees - before.backend_frees) / pairs);
+		       (after.backend_frees - before.backend_frees) / pairs, (double)after.reserved_bytes_peak / MIB);
 		fflush(stdout);
 		if (emm_heap_check(h) != 0) {
 			fprintf(stderr, "heap check failed\n");
@@ -355,6 +362,9 @@ static void working_set(void)
 		}
 		pthread_barrier_destroy(&bar);
 		emm_heap_destroy(h, true);
+		for (unsigned t = 0; t < threads; t++)
+			if (priv[t])
+				emm_heap_destroy(priv[t], true);
 	}
 }
 
@@ -379,13 +389,17 @@ int main(int argc, char **argv)
 			arenas = (unsigned)atoi(argv[++i]);
 		} else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc) {
 			ws_iters = (unsigned)atoi(argv[++i]);
+		} else if (strcmp(argv[i], "--min-threads") == 0 && i + 1 < argc) {
+			ws_min_threads = (unsigned)atoi(argv[++i]);
+			if (ws_min_threads < 1 || ws_min_threads > 16)
+				ws_min_threads = 1;
 		} else if (strcmp(argv[i], "--max-threads") == 0 && i + 1 < argc) {
 			ws_max_threads = (unsigned)atoi(argv[++i]);
 			if (ws_max_threads > 16)
 				ws_max_threads = 16;
 		} else {
 			fprintf(stderr, "usage: bench-core [--quick] [--threads] [--private] [--arenas N] "
-			                "[--working-set [--iters N] [--max-threads N]]\n");
+			                "[--working-set [--iters N] [--min-threads N] [--max-threads N]]\n");
 			return 2;
 		}
 	}
