@@ -6,32 +6,34 @@
  * built for the uncontended single-thread case first and for many threads
  * second:
  *
- *   - 4096 shards, each one cache-line aligned struct with its own spinlock
- *     and table. The shard is picked by a hash of the 512 KiB region of the
- *     address (addr >> 19), the slot inside it by a hash of addr >> 9
- *     (blocks are at least 512 B apart). A thread that works on its own
- *     segments (its arena's, a stream's) stays on its own shards and cache
- *     lines even when its working set spans tens of megabytes, and threads
- *     that carve blocks from the same segments still spread over several
- *     shards. tests/backends/bench-ptrmap on a 64-CPU host (ns per
- *     insert+take pair per thread, 16 threads; RESULTS.md section 27):
+ *   - 65536 shards, each one cache line with its own spinlock and table.
+ *     The shard is picked by a hash of the 512 KiB region of the address
+ *     (addr >> 19), the slot inside it by a hash of addr >> 9 (blocks are
+ *     at least 512 B apart). A thread that works on its own segments (its
+ *     arena's, a stream's) stays on its own shards and cache lines even
+ *     when its working set spans tens of megabytes, and threads that carve
+ *     blocks from the same segments still spread over several shards.
+ *     tests/backends/bench-ptrmap (ns per insert+take pair per thread, 16
+ *     threads; RESULTS.md sections 27 and 28):
  *
- *       layout                         spread   shared segments   1 thread
- *       256 shards, 256 KiB (before)   304-317  157-175           61-83
- *       4096 shards, 2 MiB             106-113  523-539           38-46
- *       4096 shards, 1 MiB             154-162  277-294           40-44
- *       4096 shards, 512 KiB (this)    153-154  146-147           37-42
+ *       layout                          spread   shared segments   1 thread
+ *       256 shards, 256 KiB              304-317  157-175           61-83    (64 CPUs)
+ *       4096 shards, 2 MiB               106-113  523-539           38-46    (64 CPUs)
+ *       4096 shards, 512 KiB             153-154  146-147           37-42    (64 CPUs)
+ *       4096 shards, 512 KiB             147.5    131.6             36.4     (32 CPUs)
+ *       65536 shards, 512 KiB (this)     35.3     135.7             32.0     (32 CPUs)
  *
  *     "spread" is the working set of tests/gpu/bench_threads.cu: 64 live
  *     blocks per thread in 32 segments of its own, interleaved in the
- *     address space with the other threads'. With 256 shards every thread
- *     was on nearly every shard; with 2 MiB regions 16 threads carving
- *     from the same 32 MiB land on 16 shards.
+ *     address space with the other threads'. 16 threads' ~1 600 regions
+ *     shared a shard with another thread's one time in three over 4096
+ *     shards, one in forty over 65536. The shards are 4 MiB of zeroed
+ *     memory, touched only where blocks are.
  *   - Each table uses linear probing and backward-shift deletion (no
  *     tombstones, so probe lengths stay short however many inserts and
  *     takes have happened). Key 0 marks an empty slot; address 0 is never
  *     a block.
- *   - Tables start in static storage and double (calloc) above 3/4 load.
+ *   - Tables start in the shard (2 slots) and double (calloc) above 3/4 load.
  *     They never shrink, not even on reset: once a program's working set
  *     has been seen, insert and take allocate nothing.
  *
@@ -50,10 +52,10 @@
 
 #include "common/compiler.h"
 
-#define SHARD_BITS          12
+#define SHARD_BITS          16
 #define SHARD_COUNT         (1u << SHARD_BITS)
-#define SHARD_REGION_SHIFT  19  /* 512 KiB regions pick the shard */
-#define SHARD_INITIAL_SLOTS 16u /* power of two */
+#define SHARD_REGION_SHIFT  19 /* 512 KiB regions pick the shard */
+#define SHARD_INITIAL_SLOTS 2u /* power of two; the shard stays one cache line */
 #define SPINS_BEFORE_YIELD  128
 
 struct slot {
@@ -68,6 +70,8 @@ struct shard {
 	struct slot *slots;
 	struct slot initial[SHARD_INITIAL_SLOTS];
 } __attribute__((aligned(64)));
+
+_Static_assert(sizeof(struct shard) == 64, "a shard is one cache line");
 
 static struct shard shards[SHARD_COUNT];
 
