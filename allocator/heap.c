@@ -275,7 +275,8 @@ static void drop_fence_struct(struct emm_fence *f)
  * that. Other threads lock an arena when they free its blocks or take one
  * on a miss (take_other_arena, heap_alloc.c); with a plain mutex, 16
  * threads of bench-core's working set paid 886-981 ns per pair, with this
- * one 598-742 (1 thread: the same; RESULTS.md section 28). */
+ * one 598-742 (1 thread no slower: 275-307 against 280-418 before, run F of
+ * RESULTS.md section 28). */
 static int arena_mutex_init(pthread_mutex_t *m)
 {
 #ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP

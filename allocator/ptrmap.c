@@ -25,10 +25,10 @@
  *
  *     "spread" is the working set of tests/gpu/bench_threads.cu: 64 live
  *     blocks per thread in 32 segments of its own, interleaved in the
- *     address space with the other threads'. 16 threads' ~1 600 regions
- *     shared a shard with another thread's one time in three over 4096
- *     shards, one in forty over 65536. The shards are 4 MiB of zeroed
- *     memory, touched only where blocks are.
+ *     address space with the other threads'. By estimate, 16 such threads'
+ *     ~1 600 regions share a shard with another thread's one time in three
+ *     over 4096 shards, one in forty over 65536. The shards are 4 MiB of
+ *     zeroed memory, touched only where blocks are.
  *   - Each table uses linear probing and backward-shift deletion (no
  *     tombstones, so probe lengths stay short however many inserts and
  *     takes have happened). Key 0 marks an empty slot; address 0 is never
