@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * allocator/heap_internal.h - what the files that implement heap.h (heap.c,
- * heap_size.c, heap_pool.c, heap_fence.c, heap_fence_poll.c, heap_stream.c,
- * heap_oom.c, heap_stats.c, heap_check.c) share beyond the heap's private
+ * heap_life.c, heap_size.c, heap_pool.c, heap_fence.c, heap_fence_poll.c,
+ * heap_stream.c, heap_oom.c, heap_stats.c, heap_check.c) share beyond the heap's private
  * structures (heap_types.h, included here): the lock order, the small
  * inline helpers of the alloc/free path, and the prototypes those files
  * call across each other.
