@@ -505,6 +505,25 @@ bool st_ctx_lookup(CUcontext ctx, CUdevice *ret_device, bool *ret_primary)
 
 /* --- the heaps of the registry ----------------------------------------- */
 
+/* Entry e's heaps: its device heap and a retired one (the first
+ * *ret_device of them), then its pinned heaps. At most ST_CONTEXT_HEAPS. */
+static size_t entry_heaps(const struct ctx_entry *e, emm_heap_t **out, size_t *ret_device)
+{
+	size_t n = 0;
+
+	if (e->heap)
+		out[n++] = e->heap;
+	if (e->retired)
+		out[n++] = e->retired;
+	*ret_device = n;
+	for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
+		emm_heap_t *p = atomic_load(&e->pinned[f]);
+		if (p)
+			out[n++] = p;
+	}
+	return n;
+}
+
 struct heap_ref *st_snapshot_locked(size_t *ret_count)
 {
 	struct heap_ref *refs = calloc(ctx_count * ST_CONTEXT_HEAPS + 1, sizeof(*refs));
@@ -516,15 +535,10 @@ struct heap_ref *st_snapshot_locked(size_t *ret_count)
 	}
 	for (size_t i = 0; i < ctx_count; i++) {
 		struct ctx_entry *e = ctx_list[i];
-		if (e->heap)
-			refs[n++] = (struct heap_ref){e->heap, e->device, e->ctx};
-		if (e->retired)
-			refs[n++] = (struct heap_ref){e->retired, e->device, e->ctx};
-		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
-			emm_heap_t *p = atomic_load(&e->pinned[f]);
-			if (p)
-				refs[n++] = (struct heap_ref){p, -2, e->ctx};
-		}
+		emm_heap_t *heaps[ST_CONTEXT_HEAPS];
+		size_t ndev, nh = entry_heaps(e, heaps, &ndev);
+		for (size_t j = 0; j < nh; j++)
+			refs[n++] = (struct heap_ref){heaps[j], j < ndev ? e->device : -2, e->ctx};
 	}
 	*ret_count = n;
 	return refs;
@@ -533,19 +547,9 @@ struct heap_ref *st_snapshot_locked(size_t *ret_count)
 size_t st_heaps_of_context_locked(CUcontext ctx, emm_heap_t **out)
 {
 	struct ctx_entry *e = entry_find_locked(ctx);
-	size_t n = 0;
+	size_t ndev;
 
-	if (e && e->heap) {
-		out[n++] = e->heap;
-		if (e->retired)
-			out[n++] = e->retired;
-		for (unsigned f = 0; f < PINNED_FLAG_SETS; f++) {
-			emm_heap_t *p = atomic_load(&e->pinned[f]);
-			if (p)
-				out[n++] = p;
-		}
-	}
-	return n;
+	return e && e->heap ? entry_heaps(e, out, &ndev) : 0;
 }
 
 struct ctx_entry *st_heap_entry(const emm_heap_t *heap)
@@ -554,12 +558,11 @@ struct ctx_entry *st_heap_entry(const emm_heap_t *heap)
 
 	st_lock(&st_ctx_lock);
 	for (size_t i = 0; i < ctx_count && !found; i++) {
-		struct ctx_entry *e = ctx_list[i];
-		if (e->heap == heap || e->retired == heap)
-			found = e;
-		for (unsigned f = 0; f < PINNED_FLAG_SETS && !found; f++)
-			if (atomic_load_explicit(&e->pinned[f], memory_order_acquire) == heap)
-				found = e;
+		emm_heap_t *heaps[ST_CONTEXT_HEAPS];
+		size_t ndev, nh = entry_heaps(ctx_list[i], heaps, &ndev);
+		for (size_t j = 0; j < nh && !found; j++)
+			if (heaps[j] == heap)
+				found = ctx_list[i];
 	}
 	st_unlock(&st_ctx_lock);
 	return found;
