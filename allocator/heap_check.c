@@ -65,11 +65,21 @@ static int check_pages(struct arena *h, struct emm_segment *s)
 static int check_locked(struct arena *h)
 {
 	uint64_t allocated = 0, requested = 0, pending = 0, reserved = 0, live = 0, segments = 0;
-	size_t ready[NPOOLS] = {0, 0}, npending = 0, nidle = 0;
+	size_t ready[NPOOLS][2] = {{0, 0}, {0, 0}}, npending = 0, nidle = 0; /* [pool][keyed] */
 
 	for (unsigned pool = 0; pool < NPOOLS; pool++) {
 		const char *why = "";
 		CHECK(emm_tree_check(&h->trees[pool], &why) >= 0, "pool %u tree: %s", pool, why);
+		CHECK(emm_sfit_check(&h->ready[pool], &why) == 0, "pool %u ready-any index: %s", pool, why);
+		/* Every node listed is a ready-any block of this pool; with the
+		 * counts below, every such block is listed. */
+		for (struct emm_sfit_node *n = emm_sfit_last(&h->ready[pool]); n; n = emm_sfit_prev(&h->ready[pool], n)) {
+			struct emm_block *b = fnode_block(n);
+			CHECK(b->state == BLOCK_READY && b->stream == 0 && b->pool == pool && b->seg &&
+			          b->seg->arena == h && n->size == b->size && n->addr == b->addr,
+			      "pool %u ready-any index lists block 0x%llx (state %u, key 0x%llx)", pool,
+			      (unsigned long long)b->addr, b->state, (unsigned long long)b->stream);
+		}
 	}
 
 	for (struct emm_segment *s = h->segs; s; s = s->next) {
@@ -108,7 +118,7 @@ static int check_locked(struct arena *h)
 			      (unsigned long long)b->addr);
 			switch (b->state) {
 			case BLOCK_LIVE:
-				CHECK(!emm_tree_node_linked(&b->node), "live block 0x%llx in a tree",
+				CHECK(block_unindexed(b), "live block 0x%llx in an index",
 				      (unsigned long long)b->addr);
 				CHECK(b->requested <= b->size, "live block 0x%llx: requested %zu > size %zu",
 				      (unsigned long long)b->addr, b->requested, b->size);
@@ -119,22 +129,28 @@ static int check_locked(struct arena *h)
 				live++;
 				break;
 			case BLOCK_READY:
-				CHECK(emm_tree_node_linked(&b->node) &&
-				          emm_tree_find(&h->trees[b->pool], b->stream, b->size, b->addr) ==
-				              &b->node,
-				      "ready block 0x%llx (+%zu, key 0x%llx) not in its pool's tree",
-				      (unsigned long long)b->addr, b->size, (unsigned long long)b->stream);
+				if (b->stream == 0)
+					CHECK(emm_sfit_node_linked(&b->fnode) &&
+					          b->fnode.bin == emm_sfit_bin(b->size),
+					      "ready-any block 0x%llx (+%zu) not in its pool's index",
+					      (unsigned long long)b->addr, b->size);
+				else
+					CHECK(emm_tree_node_linked(&b->node) &&
+					          emm_tree_find(&h->trees[b->pool], b->stream, b->size, b->addr) ==
+					              &b->node,
+					      "ready block 0x%llx (+%zu, key 0x%llx) not in its pool's tree",
+					      (unsigned long long)b->addr, b->size, (unsigned long long)b->stream);
 				CHECK(!(prev && prev->state == BLOCK_READY && prev->stream == b->stream),
 				      "adjacent mergeable free blocks at 0x%llx and 0x%llx",
 				      (unsigned long long)prev->addr, (unsigned long long)b->addr);
-				ready[b->pool]++;
+				ready[b->pool][b->stream != 0]++;
 				break;
 			case BLOCK_RESERVED:
-				CHECK(!emm_tree_node_linked(&b->node), "reserved block 0x%llx in a tree",
+				CHECK(block_unindexed(b), "reserved block 0x%llx in an index",
 				      (unsigned long long)b->addr);
 				break;
 			case BLOCK_PENDING:
-				CHECK(!emm_tree_node_linked(&b->node), "pending block 0x%llx in a tree",
+				CHECK(block_unindexed(b), "pending block 0x%llx in an index",
 				      (unsigned long long)b->addr);
 				CHECK(b->fence != NULL, "pending block 0x%llx without a fence",
 				      (unsigned long long)b->addr);
@@ -160,10 +176,14 @@ static int check_locked(struct arena *h)
 		segments++;
 	}
 
-	for (unsigned pool = 0; pool < NPOOLS; pool++)
-		CHECK(h->trees[pool].count == ready[pool],
-		      "pool %u tree holds %zu blocks, %zu ready blocks found", pool, h->trees[pool].count,
-		      ready[pool]);
+	for (unsigned pool = 0; pool < NPOOLS; pool++) {
+		CHECK(h->ready[pool].count == ready[pool][0],
+		      "pool %u ready-any index holds %zu blocks, %zu found", pool, h->ready[pool].count,
+		      ready[pool][0]);
+		CHECK(h->trees[pool].count == ready[pool][1],
+		      "pool %u tree holds %zu blocks, %zu ready-stream blocks found", pool, h->trees[pool].count,
+		      ready[pool][1]);
+	}
 
 	/* Fences: the open epoch, the orphans, the busy list, the closed FIFO. */
 	size_t listed = 0;

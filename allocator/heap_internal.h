@@ -223,24 +223,52 @@ static inline struct emm_block *node_block(struct emm_tree_node *n)
 	return (struct emm_block *)((char *)n - offsetof(struct emm_block, node));
 }
 
+static inline struct emm_block *fnode_block(struct emm_sfit_node *n)
+{
+	return (struct emm_block *)((char *)n - offsetof(struct emm_block, fnode));
+}
+
+/* Mark a block as in neither index (the union's two views both say so). */
+static inline void block_unindex(struct emm_block *b)
+{
+	emm_tree_node_clear(&b->node);
+	b->fnode.linked = false;
+}
+
+/* Is a block that is not ready in neither index? (A ready block is in the
+ * one of its key: heap_check.c.) */
+static inline bool block_unindexed(const struct emm_block *b)
+{
+	return !emm_tree_node_linked(&b->node) && !b->fnode.linked;
+}
+
 /* Best fit among the blocks ready under `key`, honouring the oversize rules
  * (blocks >= max_split serve only requests >= max_split, and only within
  * max_nosplit_slack of their size). The smallest fitting block is the first
  * candidate, so if it fails the rules every larger one does too. */
 static inline struct emm_block *find_fit(struct arena *h, unsigned pool, emm_stream_t key, size_t rounded)
 {
-	struct emm_tree_node *n = emm_tree_lower_bound(&h->trees[pool], key, rounded, 0);
+	struct emm_block *b;
 
-	if (!n || n->key[0] != key)
-		return NULL;
-	size_t sz = n->key[1];
+	if (EMM_LIKELY(key == 0)) {
+		struct emm_sfit_node *f = emm_sfit_best(&h->ready[pool], rounded);
+		if (!f)
+			return NULL;
+		b = fnode_block(f);
+	} else {
+		struct emm_tree_node *n = emm_tree_lower_bound(&h->trees[pool], key, rounded, 0);
+		if (!n || n->key[0] != key)
+			return NULL;
+		b = node_block(n);
+	}
+	size_t sz = b->size;
 	if (EMM_UNLIKELY(sz >= h->p.max_split)) {
 		if (rounded < h->p.max_split)
 			return NULL;
 		if (sz - rounded >= h->p.max_nosplit_slack)
 			return NULL;
 	}
-	return node_block(n);
+	return b;
 }
 
 /* The best fit for an allocation on `stream`: its own key, then ready-any. */

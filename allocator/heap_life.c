@@ -98,8 +98,10 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 		h->fops = *fence;
 		h->has_fence = true;
 	}
-	for (unsigned i = 0; i < NPOOLS; i++)
+	for (unsigned i = 0; i < NPOOLS; i++) {
+		emm_sfit_init(&h->ready[i]);
 		emm_tree_init(&h->trees[i]);
+	}
 	h->open = emm_heap_fence_new(h);
 	h->orphans[0] = h->open ? emm_heap_fence_new(h) : NULL;
 	h->orphans[1] = h->orphans[0] ? emm_heap_fence_new(h) : NULL;

@@ -295,14 +295,12 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 		unsigned nc = 0, nr = 0;
 		size_t want = h->st.reserved - h->st.allocated - keep, planned = 0;
 
-		/* Largest ready-any blocks first, large pool first. */
+		/* Largest ready-any blocks first (by bin), large pool first. */
 		for (int pool = NPOOLS - 1; pool >= 0 && nc < RELEASE_BATCH; pool--) {
-			struct emm_tree *t = &h->trees[pool];
-			struct emm_tree_node *n = emm_tree_lower_bound(t, 1, 0, 0);
-			n = n ? emm_tree_prev(n) : emm_tree_last(t);
-			for (; n && n->key[0] == 0 && nc < RELEASE_BATCH; n = emm_tree_prev(n))
-				if (has_mapped_inner(h, node_block(n)))
-					cand[nc++] = node_block(n);
+			struct emm_sfit *t = &h->ready[pool];
+			for (struct emm_sfit_node *n = emm_sfit_last(t); n && nc < RELEASE_BATCH; n = emm_sfit_prev(t, n))
+				if (has_mapped_inner(h, fnode_block(n)))
+					cand[nc++] = fnode_block(n);
 		}
 		if (nc == 0)
 			break;

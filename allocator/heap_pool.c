@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * allocator/heap_pool.c - the blocks and segments of one arena: metadata
- * recycling (block slabs, segment structs), the best-fit trees and the idle
- * list, coalescing free blocks (emm_pool_block_ready) and splitting the one
- * handed out (emm_pool_take_block), the stream keys present in the trees,
+ * recycling (block slabs, segment structs), the ready-block indexes (the
+ * ready-any sfit, the ready-stream tree) and the idle list, coalescing free
+ * blocks (emm_pool_block_ready) and splitting the one handed out
+ * (emm_pool_take_block), the stream keys present in the trees,
  * and growing from and releasing to the segment source. Callers hold the
  * arena lock unless a function says otherwise.
  */
@@ -47,7 +48,7 @@ static struct emm_block *block_new(struct arena *h)
 	b->requested = 0;
 	b->stream = 0;
 	atomic_store_explicit(&b->tcached, 0, memory_order_relaxed);
-	emm_tree_node_clear(&b->node);
+	block_unindex(b);
 	return b;
 }
 
@@ -122,21 +123,33 @@ static void idle_del(struct arena *h, struct emm_segment *s)
 	s->idle_prev = s->idle_next = NULL;
 }
 
+/* Index a ready block under its key b->stream: ready-any in the sfit,
+ * ready-stream in the tree. */
 static inline void tree_put(struct arena *h, struct emm_block *b)
 {
+	if (b->stream == 0) {
+		b->fnode.size = b->size;
+		b->fnode.addr = b->addr;
+		emm_sfit_insert(&h->ready[b->pool], &b->fnode);
+		if (!b->prev && !b->next)
+			idle_add(h, b->seg);
+		return;
+	}
 	b->node.key[0] = b->stream;
 	b->node.key[1] = b->size;
 	b->node.key[2] = b->addr;
 	emm_tree_insert(&h->trees[b->pool], &b->node);
-	if (!b->prev && !b->next && b->stream == 0)
-		idle_add(h, b->seg);
 }
 
 static inline void tree_take(struct arena *h, struct emm_block *b)
 {
 	if (b->seg->idle)
 		idle_del(h, b->seg);
-	emm_tree_remove(&h->trees[b->pool], &b->node);
+	if (b->stream == 0)
+		emm_sfit_remove(&h->ready[b->pool], &b->fnode);
+	else
+		emm_tree_remove(&h->trees[b->pool], &b->node);
+	block_unindex(b);
 }
 
 /* Make a free block ready under `key` (0: any), merging with neighbours that
@@ -257,16 +270,25 @@ void emm_pool_reserve(struct arena *h, struct emm_block *b)
 
 /* --- stream keys ---------------------------------------------------------- */
 
+/* The first block ready under key in a pool's index, or NULL. */
+static struct emm_block *first_of_key(struct arena *h, unsigned pool, emm_stream_t key)
+{
+	if (key == 0) {
+		struct emm_sfit_node *f = emm_sfit_last(&h->ready[pool]);
+		return f ? fnode_block(f) : NULL;
+	}
+	struct emm_tree_node *n = emm_tree_lower_bound(&h->trees[pool], key, 0, 0);
+	return n && n->key[0] == key ? node_block(n) : NULL;
+}
+
 /* Gather the blocks ready under `key` (both pools) into a list, taking them
- * out of the trees and marking them pending so they do not merge. */
+ * out of their index and marking them pending so they do not merge. */
 struct emm_block *emm_pool_collect_key(struct arena *h, emm_stream_t key)
 {
-	struct emm_block *list = NULL;
+	struct emm_block *list = NULL, *b;
 
 	for (unsigned pool = 0; pool < NPOOLS; pool++) {
-		struct emm_tree_node *n;
-		while ((n = emm_tree_lower_bound(&h->trees[pool], key, 0, 0)) && n->key[0] == key) {
-			struct emm_block *b = node_block(n);
+		while ((b = first_of_key(h, pool, key))) {
 			tree_take(h, b);
 			b->state = BLOCK_PENDING;
 			b->link = list;
@@ -278,11 +300,9 @@ struct emm_block *emm_pool_collect_key(struct arena *h, emm_stream_t key)
 
 bool emm_pool_has_key(struct arena *h, emm_stream_t key)
 {
-	for (unsigned pool = 0; pool < NPOOLS; pool++) {
-		struct emm_tree_node *n = emm_tree_lower_bound(&h->trees[pool], key, 0, 0);
-		if (n && n->key[0] == key)
+	for (unsigned pool = 0; pool < NPOOLS; pool++)
+		if (first_of_key(h, pool, key))
 			return true;
-	}
 	return false;
 }
 

@@ -149,10 +149,13 @@ void emm_heap_idle_info(emm_heap_t *heap, size_t *ret_idle, size_t *ret_largest)
 		struct heap_counters merged = h->st;
 		(void)emm_tcache_add_counters(h, &merged);
 		idle += merged.reserved - merged.allocated;
-		/* The largest block of each key group is the one before the next
-		 * group's first. */
+		/* Ready-any: the sfit's largest; ready-stream: the largest block of
+		 * each key group is the one before the next group's first. */
 		for (unsigned pool = 0; pool < NPOOLS; pool++) {
 			const struct emm_tree *t = &h->trees[pool];
+			size_t any = emm_sfit_largest(&h->ready[pool]);
+			if (any > largest)
+				largest = any;
 			struct emm_tree_node *n = emm_tree_first(t);
 			while (n) {
 				emm_stream_t key = n->key[0];

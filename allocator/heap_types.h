@@ -15,11 +15,15 @@
  *     its blocks in address order (prev/next), which tile it exactly.
  *   - blocks: one struct per piece of a segment, recycled through a free
  *     list and allocated in slabs, so the steady state never mallocs. A
- *     block is LIVE (the program holds it), READY (free, in its pool's tree
- *     keyed (stream key, size, address); key 0 = ready-any, key S =
- *     ready-stream S) or PENDING (free, on a fence's list, in no tree).
- *   - two red-black trees (small and large pool): best fit is a
- *     lower_bound on (key, rounded size, 0), checked against the key.
+ *     block is LIVE (the program holds it), READY (free, under a stream
+ *     key: 0 = ready-any, S = ready-stream S) or PENDING (free, on a
+ *     fence's list, in no index).
+ *   - per pool (small and large), two indexes of ready blocks: ready-any
+ *     blocks in a segregated-fit index (sfit.h: best fit in a few bitmap
+ *     operations, every allocation searches it), ready-stream blocks in a
+ *     red-black tree keyed (stream key, size, address), where best fit is
+ *     a lower_bound on (key, rounded size, 0). A block is in one at most,
+ *     so its node is a union of the two.
  *   - fences: the open epoch collects synchronous frees; a closed fence
  *     carries its events and its blocks and sits in a FIFO polled on the
  *     allocation miss path. Closing an epoch with no live non-blocking
@@ -53,6 +57,7 @@
 #include <stdint.h>
 
 #include "allocator/heap.h"
+#include "allocator/sfit.h"
 #include "allocator/tree.h"
 
 #define POOL_SMALL 0u
@@ -64,14 +69,17 @@ enum block_state {
 	BLOCK_LIVE,
 	BLOCK_READY,
 	BLOCK_PENDING,
-	BLOCK_RESERVED, /* a steal candidate, out of its tree while its fence op runs */
+	BLOCK_RESERVED, /* a steal candidate, out of its index while its fence op runs */
 };
 
 struct emm_segment;
 struct emm_fence;
 
 struct emm_block {
-	struct emm_tree_node node;     /* READY: in pools[pool].tree, key (stream, size, addr) */
+	union {
+		struct emm_sfit_node fnode; /* READY, key 0: in ready[pool] */
+		struct emm_tree_node node;  /* READY, key S: in trees[pool], key (S, size, addr) */
+	};
 	struct emm_block *prev, *next; /* address neighbours within the segment */
 	struct emm_segment *seg;
 	struct emm_block *link;  /* PENDING: fence list; UNUSED: recycle list */
@@ -161,7 +169,8 @@ struct arena {
 	pthread_cond_t map_cv; /* a map or grow in flight finished */
 	unsigned map_waiters;
 
-	struct emm_tree trees[NPOOLS];
+	struct emm_sfit ready[NPOOLS]; /* ready-any blocks */
+	struct emm_tree trees[NPOOLS]; /* ready-stream blocks */
 	struct emm_block *block_free;
 	struct emm_fence *open;              /* never NULL */
 	struct emm_fence *fq_head, *fq_tail; /* closed fences, oldest first */

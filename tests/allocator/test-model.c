@@ -39,10 +39,7 @@ static uint64_t rng = 0x243f6a8885a308d3ull;
 
 static uint64_t rnd(void)
 {
-	rng ^= rng >> 12;
-	rng ^= rng << 25;
-	rng ^= rng >> 27;
-	return rng * 0x2545f4914f6cdd1dull;
+	return emm_test_rand(&rng);
 }
 
 static size_t rnd_range(size_t lo, size_t hi) /* [lo, hi) */

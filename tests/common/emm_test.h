@@ -107,6 +107,15 @@ extern struct emm_test_state emm_test_current;
 #define assert_ptr_not_null(a) assert_(expect_ptr_not_null(a))
 #define assert_str_eq(a, b) assert_(expect_str_eq(a, b))
 
+/* xorshift64*: the tests' reproducible pseudo-random numbers (state != 0). */
+static inline uint64_t emm_test_rand(uint64_t *state)
+{
+	*state ^= *state >> 12;
+	*state ^= *state << 25;
+	*state ^= *state >> 27;
+	return *state * 0x2545f4914f6cdd1dull;
+}
+
 static inline void emm_test_skip(const char *why)
 {
 	fprintf(stderr, "%s: skipped: %s\n", emm_test_current.name, why);

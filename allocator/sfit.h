@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * allocator/sfit.h - a segregated-fit index of free blocks by size (TLSF's
+ * two-level bitmap, Masmano et al. 2004): the arena's ready-any blocks,
+ * which every allocation searches (the red-black tree keeps the few blocks
+ * ready under a stream key).
+ *
+ * Sizes fall in bins of 1/8 of a power of two; a bitmap of non-empty bins
+ * per power of two and one of non-empty powers find the first bin at or
+ * above a size in a few instructions. Insert and remove are list
+ * operations: no search, no rebalancing. A best-fit search scans the
+ * request's own bin and, if nothing there fits, the first non-empty bin
+ * above, each for the smallest block (lowest address among equals), at most
+ * SFIT_SCAN nodes per bin: exact best fit while bins are short, a fit
+ * within 1/8 of a power of two of the best otherwise.
+ *
+ * Intrusive (nodes live in the caller's objects, nothing allocates), not
+ * thread-safe: the owner's lock covers it.
+ */
+#ifndef EMM_ALLOCATOR_SFIT_H
+#define EMM_ALLOCATOR_SFIT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define SFIT_SL_BITS 3u
+#define SFIT_SL      (1u << SFIT_SL_BITS)
+#define SFIT_BINS    (64u * SFIT_SL)
+#define SFIT_SCAN    32u
+
+struct emm_sfit_node {
+	struct emm_sfit_node *prev, *next; /* the bin's list */
+	uint64_t size, addr;               /* set by the caller before insert, unchanged while linked */
+	uint16_t bin;
+	bool linked;
+};
+
+struct emm_sfit {
+	uint64_t fl_map;          /* bit f: some bin of power f is non-empty */
+	uint8_t sl_map[64];       /* bit s of sl_map[f]: bin f * SFIT_SL + s is non-empty */
+	struct emm_sfit_node *bins[SFIT_BINS];
+	size_t count;
+};
+
+void emm_sfit_init(struct emm_sfit *t);
+
+static inline bool emm_sfit_node_linked(const struct emm_sfit_node *n)
+{
+	return n->linked;
+}
+
+/* The bin of a size: sizes below SFIT_SL get one bin each, then SFIT_SL bins
+ * per power of two. Bins are ordered as sizes are. */
+static inline unsigned emm_sfit_bin(uint64_t size)
+{
+	if (size < SFIT_SL)
+		return (unsigned)size;
+	unsigned f = 63u - (unsigned)__builtin_clzll((unsigned long long)size);
+	return f * SFIT_SL + (unsigned)((size >> (f - SFIT_SL_BITS)) & (SFIT_SL - 1));
+}
+
+/* Link n (size and addr set). */
+void emm_sfit_insert(struct emm_sfit *t, struct emm_sfit_node *n);
+/* Unlink a linked node. */
+void emm_sfit_remove(struct emm_sfit *t, struct emm_sfit_node *n);
+
+/* The smallest node of size >= size (lowest address among equals), within
+ * the scan bound above; NULL if none. */
+struct emm_sfit_node *emm_sfit_best(const struct emm_sfit *t, uint64_t size);
+
+/* Walk from the largest bin down: the first node of the highest non-empty
+ * bin, then the rest of that bin (in no order), then the next bin below.
+ * NULL at the end. */
+struct emm_sfit_node *emm_sfit_last(const struct emm_sfit *t);
+struct emm_sfit_node *emm_sfit_prev(const struct emm_sfit *t, const struct emm_sfit_node *n);
+
+/* The size of the largest node (0 if empty). */
+uint64_t emm_sfit_largest(const struct emm_sfit *t);
+
+/* Is n linked in t (its bin's list holds it)? O(bin length). */
+bool emm_sfit_contains(const struct emm_sfit *t, const struct emm_sfit_node *n);
+
+/* Verify the index: every node in the bin of its size with its bin number,
+ * list links both ways, bitmaps that match the bins, the count. 0, or -1 and
+ * a reason in *ret_why (static string) if given. */
+int emm_sfit_check(const struct emm_sfit *t, const char **ret_why);
+
+#endif
