@@ -13,7 +13,8 @@
 #   cupy-async    CuPy's MemoryAsyncPool (cudaMallocAsync on CUDA's pool)
 #   emm-nopool    set_allocator(None) under LD_PRELOAD=libemm.so
 #   nopool        set_allocator(None) without libemm (every array a cudaMalloc)
-# CUPY_VARIANTS overrides the list (names above).
+# CUPY_VARIANTS overrides the list (names above); "emm-nopool+EMM_X=V+..."
+# is emm-nopool with libemm settings of its own.
 # Exit 77 without CuPy or a GPU.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -45,6 +46,9 @@ for r in $(seq 1 "$rounds"); do
 		cupy-pool) run cupy-pool pool ;;
 		cupy-async) run cupy-async async ;;
 		emm-nopool) run emm-nopool nopool LD_PRELOAD="$lib" ;;
+		emm-nopool+*)
+			IFS=+ read -r -a extra <<<"${v#emm-nopool+}"
+			run "$v" nopool LD_PRELOAD="$lib" "${extra[@]}" ;;
 		nopool) run nopool nopool ;;
 		*) echo "unknown variant '$v' (cupy-pool, cupy-async, emm-nopool, nopool)" >&2; exit 2 ;;
 		esac
