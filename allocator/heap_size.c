@@ -27,7 +27,7 @@ void emm_heap_params_default(struct emm_heap_params *p)
 	p->release_threshold = SIZE_MAX;
 	p->oom_retry = true;
 	p->free_mode = EMM_FREE_MODE_FENCE;
-	p->epoch_max_blocks = 32;
+	p->epoch_max_blocks = 64;
 	p->epoch_max_blocks_paged = 8;
 	p->epoch_max_bytes = 64 * MIB;
 	p->host_accessible = false;

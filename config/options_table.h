@@ -145,7 +145,7 @@ static const char *const vmm_names[] = {
 	X(FREE_MODE, free_mode, ENUM, U(EMM_OPT_FREE_FENCE), "", NAMES(free_mode_names),              \
 	  "When a block freed without a stream may be reused: fence (epoch events), "                 \
 	  "strict (device sync like cuMemFree), stream (at once, trusting stream order)")             \
-	X(EPOCH_BLOCKS, epoch_blocks, UINT, U(32), "frees", RANGE(1, 65536),                          \
+	X(EPOCH_BLOCKS, epoch_blocks, UINT, U(64), "frees", RANGE(1, 65536),                          \
 	  "Close the open free epoch after this many synchronous frees (half as many when an "         \
 	  "allocation needs its memory; 8 when unset in page-granular heaps, EMM_BACKEND=vmm)")        \
 	X(EPOCH_BYTES, epoch_bytes, SIZE, Z(64 * MIB), "bytes", FLAGS(F_NONZERO),                     \

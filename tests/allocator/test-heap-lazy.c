@@ -57,7 +57,7 @@ static struct emm_heap_params params(bool tcache)
 {
 	struct emm_heap_params p;
 
-	emm_heap_params_default(&p); /* 32 frees, 64 MiB */
+	emm_heap_params_default(&p); /* 64 frees, 64 MiB */
 	p.arenas = 1;
 	p.thread_cache = tcache;
 	p.oom_retry = false;
@@ -151,7 +151,7 @@ TEST_BEGIN(test_unneeded_frees_record_nothing)
 		big[i] = xalloc(h, 64 * MIB, 0);
 	for (int i = 0; i < 3; i++)
 		xfree(big[i], 0);
-	/* Fewer than the count quota (32) in all. */
+	/* Fewer than the count quota (64) in all. */
 	for (int i = 0; i < 20; i++)
 		xfree(xalloc(h, 4 * KIB, 0), 0);
 	struct emm_stats st = heap_stats(h);

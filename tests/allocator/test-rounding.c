@@ -27,7 +27,7 @@ TEST_BEGIN(test_defaults)
 	expect_u64_eq(p.release_threshold, SIZE_MAX);
 	expect_true(p.oom_retry);
 	expect_int_eq(p.free_mode, EMM_FREE_MODE_FENCE);
-	expect_int_eq(p.epoch_max_blocks, 32);
+	expect_int_eq(p.epoch_max_blocks, 64);
 	expect_u64_eq(p.epoch_max_bytes, 64 * MIB);
 }
 TEST_END

@@ -124,7 +124,7 @@ static void expect_documented_defaults(const struct emm_options *o)
 	expect_true(o->oom_retry);
 	expect_true(o->hold_peak);
 	expect_int_eq(o->free_mode, EMM_OPT_FREE_FENCE);
-	expect_int_eq(o->epoch_blocks, 32);
+	expect_int_eq(o->epoch_blocks, 64);
 	expect_int_eq(o->arenas, 0);
 	expect_int_eq(o->teardown_wait, 2000);
 	expect_int_eq(o->vmm_reap_ms, 5);
@@ -992,7 +992,7 @@ TEST_BEGIN(test_print)
 	EXPECT_LINE("EPOCH_BYTES", "= 3K (env)\n");
 	EXPECT_LINE("FREE_MODE", "= fence (default)\n");
 	EXPECT_LINE("OOM_RETRY", "= on (default)\n");
-	EXPECT_LINE("EPOCH_BLOCKS", "= 32 (default)\n");
+	EXPECT_LINE("EPOCH_BLOCKS", "= 64 (default)\n");
 
 	/* Without sources every line says default. */
 	capture_begin();

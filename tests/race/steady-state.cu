@@ -151,7 +151,7 @@ int main(int argc, char **argv)
 			rc = 1;
 		}
 		if (assert_rates) {
-			/* A free epoch closes after 32 frees by default; vmm's
+			/* A free epoch closes after 64 frees by default; vmm's
 			 * page-granular heaps close theirs after 8 (memory over
 			 * events: issue 9's peak), unless EMM_EPOCH_BLOCKS says. */
 			double max_rate = 0.1;

@@ -315,13 +315,13 @@ TEST_END
  * count (EMM_EPOCH_BLOCKS, 16 by default). */
 static void free_and_close_epoch(CUdeviceptr big)
 {
-	/* More frees than EMM_EPOCH_BLOCKS (32): the epoch closes by count. */
-	CUdeviceptr small[40];
+	/* More frees than EMM_EPOCH_BLOCKS (64): the epoch closes by count. */
+	CUdeviceptr small[72];
 
-	for (int i = 0; i < 40; i++)
+	for (int i = 0; i < 72; i++)
 		assert_int_eq(cuMemAlloc(&small[i], 1024), CUDA_SUCCESS);
 	assert_int_eq(cuMemFree(big), CUDA_SUCCESS);
-	for (int i = 0; i < 40; i++)
+	for (int i = 0; i < 72; i++)
 		assert_int_eq(cuMemFree(small[i]), CUDA_SUCCESS);
 }
 

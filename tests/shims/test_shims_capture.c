@@ -239,7 +239,7 @@ TEST_BEGIN(test_threads_beside_global_capture)
 	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	assert_int_eq(cuStreamCreate(&w.own, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	/* Fences pending from before the capture: a poll would query them. */
-	leave_fences_pending(32);
+	leave_fences_pending(64);
 	f0 = fake_stats();
 	assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
 	w.avoid_size = 1 << 20;
