@@ -28,16 +28,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 run() { # NAME VARIANT ENV...
-	local name=$1 variant=$2
+	local name=$1 variant=$2 err
 	shift 2
+	err="$tmp/err-${name//\//_}.txt" # a setting may name a path
 	env -u LD_PRELOAD CUPY_BENCH_NAME="$name" "$@" python3 "$here/cupy_bench.py" "$variant" --steps "$steps" \
-		>>"$tmp/out.txt" 2>"$tmp/err-$name.txt"
+		>>"$tmp/out.txt" 2>"$err"
 	local rc=$?
 	if [ $rc -eq 77 ]; then
-		cat "$tmp/err-$name.txt"
+		cat "$err"
 		exit 77
 	fi
-	[ $rc -eq 0 ] || { echo "variant $name failed ($rc):"; tail -20 "$tmp/err-$name.txt"; }
+	[ $rc -eq 0 ] || { echo "variant $name failed ($rc):"; tail -20 "$err"; }
 }
 
 for r in $(seq 1 "$rounds"); do
