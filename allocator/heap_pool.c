@@ -125,7 +125,7 @@ static void idle_del(struct arena *h, struct emm_segment *s)
 
 /* Index a ready block under its key b->stream: ready-any in the sfit,
  * ready-stream in the tree. */
-static inline void tree_put(struct arena *h, struct emm_block *b)
+static inline void index_put(struct arena *h, struct emm_block *b)
 {
 	if (b->stream == 0) {
 		b->fnode.size = b->size;
@@ -141,7 +141,7 @@ static inline void tree_put(struct arena *h, struct emm_block *b)
 	emm_tree_insert(&h->trees[b->pool], &b->node);
 }
 
-static inline void tree_take(struct arena *h, struct emm_block *b)
+static inline void index_take(struct arena *h, struct emm_block *b)
 {
 	if (b->seg->idle)
 		idle_del(h, b->seg);
@@ -165,7 +165,7 @@ struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm
 
 	n = b->prev;
 	if (n && n->state == BLOCK_READY && n->stream == key) {
-		tree_take(h, n);
+		index_take(h, n);
 		b->addr = n->addr;
 		b->size += n->size;
 		b->prev = n->prev;
@@ -178,7 +178,7 @@ struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm
 	}
 	n = b->next;
 	if (n && n->state == BLOCK_READY && n->stream == key) {
-		tree_take(h, n);
+		index_take(h, n);
 		b->size += n->size;
 		b->next = n->next;
 		if (b->next)
@@ -188,7 +188,7 @@ struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm
 		block_recycle(h, n);
 		h->st.merges++;
 	}
-	tree_put(h, b);
+	index_put(h, b);
 	return b;
 }
 
@@ -233,7 +233,7 @@ static inline void take_common(struct arena *h, struct emm_block *b, size_t roun
 				emm_pool_block_ready(h, r, r->stream);
 			} else {
 				/* b was maximal, so r's other neighbour is not mergeable. */
-				tree_put(h, r);
+				index_put(h, r);
 			}
 		}
 	}
@@ -252,7 +252,7 @@ static inline void take_common(struct arena *h, struct emm_block *b, size_t roun
 void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
                          emm_stream_t stream)
 {
-	tree_take(h, b);
+	index_take(h, b);
 	take_common(h, b, rounded, size, stream, false);
 }
 
@@ -264,7 +264,7 @@ void emm_pool_take_reserved(struct arena *h, struct emm_block *b, size_t rounded
 
 void emm_pool_reserve(struct arena *h, struct emm_block *b)
 {
-	tree_take(h, b);
+	index_take(h, b);
 	b->state = BLOCK_RESERVED;
 }
 
@@ -289,7 +289,7 @@ struct emm_block *emm_pool_collect_key(struct arena *h, emm_stream_t key)
 
 	for (unsigned pool = 0; pool < NPOOLS; pool++) {
 		while ((b = first_of_key(h, pool, key))) {
-			tree_take(h, b);
+			index_take(h, b);
 			b->state = BLOCK_PENDING;
 			b->link = list;
 			list = b;
@@ -419,7 +419,7 @@ struct emm_segment *emm_pool_release_collect(struct arena *h, size_t keep)
 	while (h->idle_head && h->st.reserved - h->st.allocated > keep) {
 		struct emm_segment *s = h->idle_head;
 
-		tree_take(h, s->first);
+		index_take(h, s->first);
 		seg_unlink(h, s);
 		h->st.reserved -= seg_mapped_bytes(h, s);
 		heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, -(int64_t)seg_mapped_bytes(h, s));
