@@ -53,10 +53,16 @@
  * structs back to back, and then one thread's reads of its arena's tail
  * missed on every free while the next arena's thread took its lock (false
  * sharing). Freed with free(). */
+/* What heap_zalloc_lines asks for: whole cache lines. */
+static inline size_t heap_lines_size(size_t size)
+{
+	return (size + 63) & ~(size_t)63;
+}
+
 static inline void *heap_zalloc_lines(size_t size)
 {
 	void *p;
-	size_t rounded = (size + 63) & ~(size_t)63;
+	size_t rounded = heap_lines_size(size);
 
 	if (posix_memalign(&p, 64, rounded) != 0)
 		return NULL;

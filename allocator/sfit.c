@@ -145,16 +145,6 @@ uint64_t emm_sfit_largest(const struct emm_sfit *t)
 	return best;
 }
 
-bool emm_sfit_contains(const struct emm_sfit *t, const struct emm_sfit_node *n)
-{
-	if (!n->linked || n->bin >= SFIT_BINS)
-		return false;
-	for (const struct emm_sfit_node *x = t->bins[n->bin]; x; x = x->next)
-		if (x == n)
-			return true;
-	return false;
-}
-
 #define FAIL(why)                                                                                                      \
 	do {                                                                                                           \
 		if (ret_why)                                                                                           \

@@ -78,9 +78,6 @@ struct emm_sfit_node *emm_sfit_prev(const struct emm_sfit *t, const struct emm_s
 /* The size of the largest node (0 if empty). */
 uint64_t emm_sfit_largest(const struct emm_sfit *t);
 
-/* Is n linked in t (its bin's list holds it)? O(bin length). */
-bool emm_sfit_contains(const struct emm_sfit *t, const struct emm_sfit_node *n);
-
 /* Verify the index: every node in the bin of its size with its bin number,
  * list links both ways, bitmaps that match the bins, the count. 0, or -1 and
  * a reason in *ret_why (static string) if given. */

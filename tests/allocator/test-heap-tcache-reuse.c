@@ -92,16 +92,13 @@ void __wrap_free(void *p)
 	__real_free(p);
 }
 
-/* What heap_zalloc_lines asks for: whole cache lines. */
-#define LINES(size) (((size) + 63) & ~(size_t)63)
-
 static void watch_heap(emm_heap_t *h)
 {
 	pthread_mutex_lock(&watch_lock);
 	nwatch = 0;
 	watch[nwatch++] = (struct watched){h, sizeof(*h), false};
 	for (unsigned i = 0; i < h->narenas; i++)
-		watch[nwatch++] = (struct watched){h->arenas[i], LINES(sizeof(*h->arenas[i])), false};
+		watch[nwatch++] = (struct watched){h->arenas[i], heap_lines_size(sizeof(*h->arenas[i])), false};
 	pthread_mutex_unlock(&watch_lock);
 }
 
