@@ -24,7 +24,7 @@
  *     reusable from the shared heap (DESIGN.md section 4): the fence rules
  *     are the shared heap's, only the lock is gone.
  *   - ready: ready-any blocks in bins by size class (4 per power of two,
- *     512 B - 8 MiB), at most TC_BIN_MAX (32) per bin and TC_READY_MAX bytes in
+ *     512 B - 8 MiB), at most TC_BIN_MAX (64, the default epoch) per bin and TC_READY_MAX bytes in
  *     all; an allocation takes a block of its class and pool at least its
  *     size (so at most a quarter larger), live and unsplit. Blocks freed
  *     with no fence ops or in stream mode are ready at once.
@@ -85,8 +85,13 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 		if (b->size >= rounded && b->pool == pool)
 			break;
 	if (!b) {
-		/* The epoch's close by bytes, now that memory is needed. */
-		if (!tc_pressure_bytes(tc, rounded))
+		/* The epoch's pressure rules (epoch_pressure in heap_alloc.c), now
+		 * that memory is needed: its bytes, or half its quota with a block
+		 * that could serve this. Closed here, its blocks come back to the
+		 * bins; left to the arena's miss path, they would join the shared
+		 * open epoch and come back through the arena. */
+		if (!tc_pressure_bytes(tc, rounded) &&
+		    (tc->pend_max < rounded || tc->npend < (tc->arena->p.epoch_max_blocks + 1) / 2))
 			return false;
 		close_pending(tc);
 		for (pp = &tc->bins[c]; (b = *pp); pp = &b->link)

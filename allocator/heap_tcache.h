@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #define TC_CLASSES   64
-#define TC_BIN_MAX   32u
+#define TC_BIN_MAX   64u
 #define TC_MAX_SIZE  ((size_t)8 << 20)
 #define TC_READY_MAX ((size_t)32 << 20)
 

@@ -5,13 +5,19 @@
  * cache is reused only once the shared heap would reuse it (after its
  * epoch closed, at once with no non-blocking stream; after the events
  * complete with one), double frees of cached blocks are refused, the
- * counters stay exact for one thread, and the cache is flushed on thread
- * exit, release_idle, flush and the OOM retry and forgotten on destroy.
+ * counters stay exact for one thread, an allocation that finds half the
+ * thread's quota pending closes the thread's own epoch and then takes no
+ * lock until its blocks run out, and the cache is flushed on thread exit,
+ * release_idle, flush and the OOM retry and forgotten on destroy.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
 
 #include "allocator/heap.h"
+#include "allocator/heap_internal.h"
 #include "allocator/ptrmap.h"
 #include "heap_doubles.h"
 #include "emm_test.h"
@@ -160,8 +166,9 @@ TEST_BEGIN(test_pressure_closes_the_thread_epoch)
 	for (unsigned i = 0; i < N / 2; i++)
 		xfree(a[i], 0); /* half the quota, pending in the thread's epoch */
 	expect_u64_eq(fence.records, 0);
-	/* The arena misses: the thread's blocks join its open epoch, which
-	 * the pressure rule closes; no new segment, no OOM retry. */
+	/* The cache misses with half the quota pending, a block among them
+	 * that fits: the pressure rule closes the thread's epoch; no new
+	 * segment, no OOM retry. */
 	emm_addr_t b = xalloc(h, 64 * KIB, 0);
 	expect_true(contains(a, N / 2, b));
 	expect_u64_eq(fence.records, 1);
@@ -171,6 +178,63 @@ TEST_BEGIN(test_pressure_closes_the_thread_epoch)
 	xfree(b, 0);
 	for (unsigned i = N / 2; i < 32; i++)
 		xfree(a[i], 0);
+	teardown(h);
+}
+TEST_END
+
+/* The thread of test_pressure_refills_the_cache: N/2 pairs' frees pending,
+ * then an allocation that finds them (the close), then, once the main
+ * thread holds the arena lock, the rest of them. */
+static atomic_int lifo_phase;
+
+static void *thread_lifo(void *arg)
+{
+	emm_heap_t *h = arg;
+	emm_addr_t a[N];
+
+	for (unsigned i = 0; i < N / 2; i++)
+		a[i] = xalloc(h, 64 * KIB, 0);
+	for (unsigned i = 0; i < N / 2; i++)
+		xfree(a[i], 0);
+	a[0] = xalloc(h, 64 * KIB, 0); /* closes the thread's epoch */
+	atomic_store(&lifo_phase, 1);
+	while (atomic_load(&lifo_phase) != 2)
+		sched_yield();
+	for (unsigned i = 1; i < N / 2; i++)
+		a[i] = xalloc(h, 64 * KIB, 0); /* from the cache: no lock */
+	atomic_store(&lifo_phase, 3);
+	for (unsigned i = 0; i < N / 2; i++)
+		xfree(a[i], 0);
+	return NULL;
+}
+
+TEST_BEGIN(test_pressure_refills_the_cache)
+{
+	emm_heap_t *h = setup(true, SIZE_MAX, EMM_FREE_MODE_FENCE);
+	pthread_t t;
+	assert_ptr_not_null(h);
+
+	atomic_store(&lifo_phase, 0);
+	assert_int_eq(pthread_create(&t, NULL, thread_lifo, h), 0);
+	while (atomic_load(&lifo_phase) != 1)
+		sched_yield();
+	expect_u64_eq(fence.records, 1);
+	/* With the arena locked the thread's next N/2 - 1 allocations still
+	 * complete: the close gave its blocks back to the thread's cache, not
+	 * to the arena (where they went before, through its open epoch). */
+	struct arena *a = h->arenas[0];
+	arena_lock(a);
+	atomic_store(&lifo_phase, 2);
+	struct timespec t0, now;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		sched_yield();
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (atomic_load(&lifo_phase) != 3 && now.tv_sec - t0.tv_sec < 3);
+	expect_int_eq(atomic_load(&lifo_phase), 3);
+	arena_unlock(a);
+	pthread_join(t, NULL);
+	expect_u64_eq(fence.records, 1);
 	teardown(h);
 }
 TEST_END
@@ -348,7 +412,7 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_reuse_after_the_thread_epoch_closes, test_nonblocking_stream_waits_for_the_events,
-	                    test_pressure_closes_the_thread_epoch, test_capture_keeps_the_epoch_open, test_double_free_of_a_cached_block,
+	                    test_pressure_closes_the_thread_epoch, test_pressure_refills_the_cache, test_capture_keeps_the_epoch_open, test_double_free_of_a_cached_block,
 	                    test_stream_mode_reuses_at_once, test_release_idle_flushes_the_cache,
 	                    test_thread_exit_flushes, test_oom_retry_flushes_the_cache,
 	                    test_destroy_forgets_the_cache, NULL);
