@@ -259,9 +259,15 @@ static void fence_enqueue(struct arena *h, struct emm_fence *f)
  * question is asked after them). Only a stream that is busy, or that cannot
  * be asked, gets one. The legacy event is always recorded: a query of the
  * legacy stream does not cover the blocking and per-thread streams it
- * orders, and libemm cannot name them all. The fast path below still needs
- * no non-blocking stream to exist at all: an idle one skipped here would
- * reuse the blocks unordered after blocking-stream work still running.
+ * orders, and libemm cannot name them all. An idle stream skipped here
+ * would still run later work on reused blocks unordered after
+ * blocking-stream work that used them; so when every live non-blocking
+ * stream is idle, each is made to wait for the legacy event (stream_wait:
+ * cuStreamWaitEvent, no host wait), and the blocks are ready at once as
+ * with none alive (the fast path below). Work enqueued on such a stream
+ * between its query and its wait came after the frees, so it does not use
+ * the blocks. Any busy stream, or a wait that fails, leaves the fence to
+ * complete on the device as before.
  */
 static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct emm_block **ret_ready);
 
@@ -356,12 +362,20 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 	/* The in-flight count keeps every stream named here alive (a destroy
 	 * waits for it: emm_heap_stream_destroyed). */
 	m = 0;
+	unsigned nidle = 0;
 	for (i = 0; i < n && !r; i++) {
-		if (i > 0 && fop_stream_idle(h, ep->targets[i]) == 0)
+		if (i > 0 && fop_stream_idle(h, ep->targets[i]) == 0) {
+			ep->targets[1 + nidle++] = ep->targets[i]; /* i >= 1 + nidle */
 			continue;
+		}
 		r = fop_record(h, ep->targets[i], &ep->events[m]);
 		m += r == 0;
 	}
+	/* Every non-blocking stream idle: each waits for the legacy event
+	 * from now on, and the blocks are as reusable as with none alive. */
+	bool waited = !r && nidle == n - 1;
+	for (i = 0; i < nidle && waited; i++)
+		waited = fop_stream_wait(h, ep->targets[1 + i], ep->events[0]) == 0;
 	if (r)
 		for (unsigned j = 0; j < m; j++)
 			fop_release(h, ep->events[j]);
@@ -382,12 +396,12 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 	h->st.events_recorded += m;
 	h->st.epochs_closed++;
 	bool can_last = can_set_last_fence(h);
-	if (n == 1 && !h->p.host_accessible && gen == h->nb_gen && can_last) {
+	if (waited && !h->p.host_accessible && gen == h->nb_gen && can_last) {
 		/* Fast path: the legacy event orders every later use on blocking
-		 * and per-thread streams, and new non-blocking streams wait on it
-		 * (emm_heap_last_fence; one created while the lock was dropped
-		 * changed nb_gen and sends us the slow way). The blocks are ready
-		 * at once. Not for host-accessible memory: the host writes a
+		 * and per-thread streams, the live non-blocking streams (all
+		 * idle) wait on it, and so do new ones (emm_heap_last_fence; one
+		 * created while the lock was dropped changed nb_gen and sends us
+		 * the slow way). The blocks are ready at once. Not for host-accessible memory: the host writes a
 		 * reused pinned block at once, outside every stream, so it must
 		 * wait for completion (a copy from it may still be in flight:
 		 * measured on the H200). */

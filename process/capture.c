@@ -109,6 +109,39 @@ bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase)
 	return true;
 }
 
+/* Is `key` itself being captured (or is some capture's stream unknown, or
+ * is key not a stream handle)?
+ * What a cuStreamWaitEvent on it must respect: the wait is not one of the
+ * calls a global or thread-local capture forbids elsewhere, but on a
+ * capturing stream it would join an event from outside the capture. */
+static bool capture_of(emm_stream_t key)
+{
+	bool forbid;
+
+	if (!EMM_STREAM_IS_HANDLE(key))
+		return true; /* the legacy or a per-thread stream may join one implicitly */
+	st_lock(&st_capture_lock);
+	forbid = capture_unknown > 0;
+	for (struct emm_capture *c = captures; c && !forbid; c = c->next)
+		forbid = c->key == key;
+	st_unlock(&st_capture_lock);
+	return forbid;
+}
+
+bool st_capture_gate_enter_wait(emm_stream_t key, unsigned *ret_phase)
+{
+	unsigned p = atomic_load(&gate_phase) & 1u;
+	atomic_uint *c = gate_counter(p, true);
+
+	atomic_fetch_add(c, 1); /* as st_capture_gate_enter */
+	if (atomic_load(&st_capture_count) != 0 && capture_of(key)) {
+		atomic_fetch_sub(c, 1);
+		return false;
+	}
+	*ret_phase = p;
+	return true;
+}
+
 void st_capture_gate_leave(unsigned phase)
 {
 	atomic_fetch_sub_explicit(gate_counter(phase, false), 1, memory_order_release);

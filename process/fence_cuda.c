@@ -417,7 +417,13 @@ static int fence_stream_wait(void *ctx, emm_stream_t key, uint64_t event)
 		return 0;
 	if (!real->cuStreamWaitEvent)
 		return -ENOSYS;
+	/* A capture begun on the stream since the caller asked `capturing`
+	 * would take the wait into its graph: refused (-EBUSY) instead. */
+	unsigned phase;
+	if (!st_capture_gate_enter_wait(key, &phase))
+		return -EBUSY;
 	r = real->cuStreamWaitEvent(emm_state_stream_handle(key), f->event, 0);
+	st_capture_gate_leave(phase);
 	if (r == CUDA_ERROR_DEINITIALIZED) {
 		emm_state_driver_gone();
 		return 0;

@@ -481,6 +481,9 @@ void st_capture_each_set_locked(void (*fn)(struct st_qset *qs, void *arg), void 
  * (emm_state_capture_forbids); a capture begun meanwhile waits for it to
  * leave. A host wait only checks (true: allowed), and is not waited for. */
 bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase);
+/* The same for a cuStreamWaitEvent on `key`: refused only while `key`
+ * itself (or a stream libemm cannot name) is being captured. */
+bool st_capture_gate_enter_wait(emm_stream_t key, unsigned *ret_phase);
 void st_capture_gate_leave(unsigned phase);
 bool st_capture_gate_check(emm_stream_t key);
 

@@ -4,8 +4,8 @@
  * streams asks each one whether it is idle (the stream_idle fence op, a
  * cuStreamQuery in production) and records an event only on the busy ones:
  *
- *   - idle streams get no event, the legacy one always does, and the blocks
- *     still wait for it (no fast path while a non-blocking stream lives);
+ *   - idle streams get no event, the legacy one always does; when all are
+ *     idle each waits for it (stream_wait) and the blocks are ready at once;
  *   - a busy stream gets its event and the blocks wait for it as well;
  *   - a query that fails, or fence ops without the question, record as
  *     before;
@@ -106,12 +106,15 @@ static void idle_streams_get_no_event(bool tcache)
 	expect_int_eq(fake_records_on(&fence, EMM_STREAM_LEGACY), 1);
 	for (unsigned i = 0; i < 4; i++)
 		expect_int_eq(fake_records_on(&fence, nb[i]), 0);
-	/* Not the fast path: an idle non-blocking stream may run later work on
-	 * a reused block before blocking-stream work on it has finished, so
-	 * the blocks wait for the legacy event. */
-	expect_u64_eq(st.pending_bytes, 2 * MIB);
-	expect_false(can_alloc(h));
-	fake_complete(&fence, EMM_STREAM_LEGACY);
+	/* Each idle stream now waits for the legacy event (its later work
+	 * runs after the blocking-stream work that used the blocks), so the
+	 * blocks are ready at once, the event still incomplete. */
+	expect_int_eq(fence.nwaits, 4);
+	for (unsigned i = 0; i < 4 && i < fence.nwaits; i++) {
+		expect_u64_eq(fence.waits[i].stream, nb[i]);
+		expect_u64_eq(fence.ev[fence.waits[i].event - 1].stream, EMM_STREAM_LEGACY);
+	}
+	expect_u64_eq(st.pending_bytes, 0);
 	expect_true(can_alloc(h));
 	CHECKH(h);
 	teardown(h, nb, 4);

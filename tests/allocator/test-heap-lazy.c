@@ -104,10 +104,11 @@ static void lifo_loop(bool tcache, bool idle_nb, size_t size)
 	expect_u64_eq(st.epochs_closed, PAIRS - 1);
 	expect_u64_eq(st.events_recorded, PAIRS - 1);
 	expect_int_eq(fake_records_on(&fence, NB1), 0);
-	if (idle_nb)
-		expect_u64_eq(st.event_queries, PAIRS - 1); /* polled once each, at once */
-	else
-		expect_u64_eq(st.event_queries, 0); /* the fast path: ready at the close */
+	/* The fast path: ready at the close, an idle stream waiting for the
+	 * legacy event (no query, no host wait). */
+	expect_u64_eq(st.event_queries, 0);
+	expect_u64_eq(st.host_waits, 0);
+	expect_int_eq(fence.nwaits, idle_nb ? PAIRS - 1 : 0);
 	CHECKH(h);
 	if (idle_nb)
 		emm_heap_stream_destroyed(h, NB1);

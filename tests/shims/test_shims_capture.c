@@ -145,11 +145,20 @@ TEST_END
  * million queries): `n` (at most 64) blocks of 64 KiB allocated and freed;
  * a non-blocking stream must be alive, so that no epoch takes the fast
  * path. */
-static void leave_fences_pending(int n)
+static void leave_fences_pending(int n, CUstream *ret_busy)
 {
 	CUdeviceptr d[64];
+	CUstream busy;
+	CUevent e;
 
 	fakecuda_set_event_delay(1000000);
+	/* A non-blocking stream with work pending: with every one idle, a close
+	 * would make them wait for the legacy event and the blocks be ready at
+	 * once, leaving no fence to poll. *ret_busy: for the test to destroy. */
+	assert_int_eq(cuStreamCreate(&busy, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING), CUDA_SUCCESS);
+	assert_int_eq(cuEventRecord(e, busy), CUDA_SUCCESS); /* kept: its countdown is the work */
+	*ret_busy = busy;
 	for (int i = 0; i < n; i++)
 		assert_int_eq(cuMemAlloc(&d[i], 65536), CUDA_SUCCESS);
 	for (int i = 0; i < n; i++)
@@ -239,7 +248,8 @@ TEST_BEGIN(test_threads_beside_global_capture)
 	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	assert_int_eq(cuStreamCreate(&w.own, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	/* Fences pending from before the capture: a poll would query them. */
-	leave_fences_pending(64);
+	CUstream busy = 0;
+	leave_fences_pending(64, &busy);
 	f0 = fake_stats();
 	assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
 	w.avoid_size = 1 << 20;
@@ -258,6 +268,8 @@ TEST_BEGIN(test_threads_beside_global_capture)
 	fakecuda_complete_all();
 	assert_int_eq(cuStreamDestroy(w.own), CUDA_SUCCESS);
 	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+	if (busy)
+		assert_int_eq(cuStreamDestroy(busy), CUDA_SUCCESS);
 }
 TEST_END
 
@@ -313,7 +325,8 @@ TEST_BEGIN(test_capture_begin_waits_for_event_query)
 
 	assert_int_eq(cuStreamCreate(&nb, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	assert_int_eq(cuStreamCreate(&c.s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
-	leave_fences_pending(64);
+	CUstream busy = 0;
+	leave_fences_pending(64, &busy);
 	f0 = fake_stats();
 	assert_int_eq(fakecuda_hold_next_call("cuEventQuery"), 0);
 	assert_int_eq(pthread_create(&tp, NULL, poller_thread, &p), 0);
@@ -345,6 +358,8 @@ TEST_BEGIN(test_capture_begin_waits_for_event_query)
 	fakecuda_complete_all();
 	assert_int_eq(cuStreamDestroy(c.s), CUDA_SUCCESS);
 	assert_int_eq(cuStreamDestroy(nb), CUDA_SUCCESS);
+	if (busy)
+		assert_int_eq(cuStreamDestroy(busy), CUDA_SUCCESS);
 }
 TEST_END
 

@@ -10,7 +10,8 @@
  * test's own on it with a long completion delay (shims_busy.h).
  *
  *   - idle streams: one cuStreamQuery each and no event per close, the
- *     legacy event alone, and the blocks still wait for it;
+ *     legacy event alone, which each of them waits for (cuStreamWaitEvent),
+ *     and the blocks come back at once;
  *   - a busy stream gets its event, and the blocks wait for it after the
  *     legacy one has completed;
  *   - during a global-mode capture no stream is queried (and the capture
@@ -59,28 +60,31 @@ TEST_BEGIN(test_idle_streams_get_no_event)
 }
 TEST_END
 
-/* Idle non-blocking stream, legacy event incomplete: the block waits. */
-TEST_BEGIN(test_idle_stream_blocks_wait_for_legacy_event)
+/* Idle non-blocking stream, legacy event incomplete: the stream waits for
+ * the event (cuStreamWaitEvent) and the block comes back at once. */
+TEST_BEGIN(test_idle_stream_waits_for_legacy_event)
 {
 	CUstream s;
-	CUdeviceptr a, b, c;
+	CUdeviceptr a, b;
 	struct emm_stats st, dst;
+	struct fakecuda_stats f0, f1;
 
 	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
 	fakecuda_set_event_delay(1000000);
 	assert_int_eq(shims_stats(-1, &st), 0);
+	f0 = fake_stats();
 	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&b, BIG), CUDA_SUCCESS);
-	expect_true(b != a);
+	expect_u64_eq(b, a);
+	f1 = fake_stats();
 	shims_stats_since(&st, &dst);
 	expect_u64_eq(dst.epochs_closed, 1);
 	expect_u64_eq(dst.events_recorded, 1);
-	/* The legacy stream's work done: a comes back. */
-	assert_int_eq(cuStreamSynchronize(NULL), CUDA_SUCCESS);
-	assert_int_eq(cuMemAlloc(&c, BIG), CUDA_SUCCESS);
-	expect_u64_eq(c, a);
-	assert_int_eq(cuMemFree(c), CUDA_SUCCESS);
+	expect_u64_eq(dst.host_waits, 0);
+	expect_u64_eq(f1.stream_waits - f0.stream_waits, 1);
+	expect_u64_eq(f1.event_syncs - f0.event_syncs, 0);
+	expect_u64_eq(f1.pending_events, 1); /* the legacy event, still incomplete */
 	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
 	fakecuda_set_event_delay(0);
 	fakecuda_complete_all();
@@ -194,6 +198,6 @@ int main(void)
 	primary = shims_setup();
 	/* First: the context's event pool is empty, the first thread creates. */
 	return emm_test_run(test_thread_events_back_at_exit, test_idle_streams_get_no_event,
-	                    test_idle_stream_blocks_wait_for_legacy_event, test_busy_stream_gets_event,
+	                    test_idle_stream_waits_for_legacy_event, test_busy_stream_gets_event,
 	                    test_global_capture_queries_no_stream, NULL);
 }
