@@ -374,8 +374,9 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 	/* Every non-blocking stream idle: each waits for the legacy event
 	 * from now on, and the blocks are as reusable as with none alive. */
 	bool waited = !r && nidle == n - 1;
+	unsigned nwaits = 0;
 	for (i = 0; i < nidle && waited; i++)
-		waited = fop_stream_wait(h, ep->targets[1 + i], ep->events[0]) == 0;
+		nwaits += waited = fop_stream_wait(h, ep->targets[1 + i], ep->events[0]) == 0;
 	if (r)
 		for (unsigned j = 0; j < m; j++)
 			fop_release(h, ep->events[j]);
@@ -394,6 +395,7 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 	ep->nevents = m;
 	ep->done = 0;
 	h->st.events_recorded += m;
+	h->st.stream_waits += nwaits;
 	h->st.epochs_closed++;
 	bool can_last = can_set_last_fence(h);
 	if (waited && !h->p.host_accessible && gen == h->nb_gen && can_last) {

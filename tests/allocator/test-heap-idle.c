@@ -114,6 +114,7 @@ static void idle_streams_get_no_event(bool tcache)
 		expect_u64_eq(fence.waits[i].stream, nb[i]);
 		expect_u64_eq(fence.ev[fence.waits[i].event - 1].stream, EMM_STREAM_LEGACY);
 	}
+	expect_u64_eq(st.stream_waits, 4);
 	expect_u64_eq(st.pending_bytes, 0);
 	expect_true(can_alloc(h));
 	CHECKH(h);
