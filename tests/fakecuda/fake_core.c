@@ -64,6 +64,12 @@ FAKECUDA_API void fakecuda_release_held(void)
 	atomic_store(&held_release, 1);
 }
 
+FAKECUDA_API void fakecuda_hold_clear(void)
+{
+	for (int i = 0; i < FN_COUNT_; i++)
+		atomic_store(&fn_hold[i], 0);
+}
+
 CUresult fake_enter(enum fake_fn fn)
 {
 	atomic_fetch_add_explicit(&fn_calls[fn], 1, memory_order_relaxed);

@@ -80,6 +80,8 @@ FAKECUDA_API int fakecuda_fail_next_call(const char *name, CUresult error, unsig
 FAKECUDA_API int fakecuda_hold_next_call(const char *name);
 FAKECUDA_API int fakecuda_held_waiting(void);
 FAKECUDA_API void fakecuda_release_held(void);
+/* Disarm every hold not yet taken (a call the test expected might not come). */
+FAKECUDA_API void fakecuda_hold_clear(void);
 
 /* Number of calls of the entry point exported as `name` since the last
  * reset (injected failures included), or 0 for a name the fake does not

@@ -363,9 +363,104 @@ TEST_BEGIN(test_capture_begin_waits_for_event_query)
 }
 TEST_END
 
+/* --- a capture begun on an idle stream while its epoch closes ------------ */
+
+struct freer {
+	CUdeviceptr d[64];
+	CUresult r;
+};
+
+static void *freer_thread(void *arg)
+{
+	struct freer *f = arg;
+
+	f->r = cuCtxSetCurrent(g_ctx);
+	for (int i = 0; i < 64 && f->r == CUDA_SUCCESS; i++)
+		f->r = cuMemFree(f->d[i]); /* the 64th closes the epoch */
+	return NULL;
+}
+
+struct begin_only {
+	CUstream s;
+	CUresult r;
+	atomic_int done;
+};
+
+static void *begin_thread(void *arg)
+{
+	struct begin_only *b = arg;
+
+	(void)cuCtxSetCurrent(g_ctx);
+	b->r = cuStreamBeginCapture(b->s, CU_STREAM_CAPTURE_MODE_RELAXED);
+	atomic_store(&b->done, 1);
+	return NULL;
+}
+
+/* An epoch closes with non-blocking streams s0 and s1 idle, so each is to
+ * wait for the legacy event (allocator/heap_fence.c: queries first, waits
+ * after). A capture of s0 begins while s0's query is held in the driver:
+ * libemm notes the capture, then waits for the query to leave the capture
+ * gate before the driver's begin. The wait on s0 that follows must be
+ * refused (st_capture_gate_enter_wait): were it made (held here until the
+ * driver's begin has run), it would join s0's capture with an event from
+ * outside it, which invalidates the capture. */
+TEST_BEGIN(test_capture_begun_before_the_idle_wait)
+{
+	struct freer f = {.r = CUDA_SUCCESS};
+	struct begin_only b = {0};
+	struct fakecuda_stats f0, f1;
+	pthread_t tf, tb;
+	CUgraph graph = NULL;
+	CUstream s1;
+	uint64_t waits;
+
+	assert_int_eq(cuStreamCreate(&b.s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS); /* s0 */
+	assert_int_eq(cuStreamCreate(&s1, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	fakecuda_set_event_delay(1000000); /* the legacy event stays pending */
+	for (int i = 0; i < 64; i++)
+		assert_int_eq(cuMemAlloc(&f.d[i], 65536), CUDA_SUCCESS);
+	f0 = fake_stats();
+	waits = fakecuda_calls("cuStreamWaitEvent");
+	assert_int_eq(fakecuda_hold_next_call("cuStreamQuery"), 0); /* s0's */
+	assert_int_eq(fakecuda_hold_next_call("cuStreamWaitEvent"), 0);
+	assert_int_eq(pthread_create(&tf, NULL, freer_thread, &f), 0);
+	for (int i = 0; i < 5000 && !fakecuda_held_waiting(); i++)
+		sleep_ms(1);
+	assert_true(fakecuda_held_waiting());
+	assert_int_eq(pthread_create(&tb, NULL, begin_thread, &b), 0);
+	sleep_ms(150);
+	expect_int_eq(atomic_load(&b.done), 0); /* waiting for the query */
+	fakecuda_release_held();
+	for (int i = 0; i < 5000 && !atomic_load(&b.done); i++)
+		sleep_ms(1);
+	expect_int_eq(atomic_load(&b.done), 1);
+	fakecuda_hold_clear();
+	fakecuda_release_held(); /* a wait held meanwhile (the bug) goes on now */
+	pthread_join(tf, NULL);
+	pthread_join(tb, NULL);
+	f1 = fake_stats();
+	expect_int_eq(f.r, CUDA_SUCCESS);
+	expect_int_eq(b.r, CUDA_SUCCESS);
+	expect_u64_eq(fakecuda_calls("cuStreamWaitEvent"), waits);
+	expect_u64_eq(f1.captures_invalidated - f0.captures_invalidated, 0);
+	expect_u64_eq(f1.capture_violations - f0.capture_violations, 0);
+	if (b.r == CUDA_SUCCESS) {
+		CUresult er = cuStreamEndCapture(b.s, &graph);
+		expect_int_eq(er, CUDA_SUCCESS);
+		if (graph)
+			expect_int_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+	}
+	fakecuda_set_event_delay(0);
+	fakecuda_complete_all();
+	assert_int_eq(cuStreamDestroy(s1), CUDA_SUCCESS);
+	assert_int_eq(cuStreamDestroy(b.s), CUDA_SUCCESS);
+}
+TEST_END
+
 int main(void)
 {
 	g_ctx = shims_setup();
 	return emm_test_run(test_global_capture_first_alloc_misses, test_global_capture_miss_thread_local_thread,
-	                    test_threads_beside_global_capture, test_capture_begin_waits_for_event_query, NULL);
+	                    test_threads_beside_global_capture, test_capture_begin_waits_for_event_query,
+	                    test_capture_begun_before_the_idle_wait, NULL);
 }
