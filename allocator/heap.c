@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * allocator/heap.c - the caching allocator's entry points for a live
- * heap: which arena a thread uses, allocate (hit path and miss path),
+ * heap: the arena lock's slow path and waits, which arena a thread uses,
+ * allocate (hit path and miss path),
  * free, block lookup, release of idle memory, flush, the last fence.
  * Creating and destroying a heap is heap_life.c's. The contract is heap.h;
  * the private structures and the other heap_*.c files' roles are in
@@ -11,8 +12,10 @@
 
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "allocator/heap_debug.h"
 #include "allocator/ptrmap.h"
@@ -40,6 +43,53 @@ unsigned emm_heap_debug_lock_depth(void)
 #else
 	return 0;
 #endif
+}
+
+/* --- the arena lock's slow path and its waits ------------------------------ */
+
+#define ARENA_SPINS  512 /* pauses: a few microseconds, longer than most sections */
+#define ARENA_YIELDS 64  /* then yields, then naps of ARENA_NAP_NS */
+#define ARENA_NAP_NS 20000
+
+void emm_arena_lock_slow(struct arena *h)
+{
+	for (unsigned n = 0;; n++) {
+		if (atomic_load_explicit(&h->lock, memory_order_relaxed) == 0 &&
+		    !atomic_exchange_explicit(&h->lock, 1, memory_order_acquire))
+			return;
+		if (n < ARENA_SPINS) {
+			emm_cpu_relax();
+		} else if (n < ARENA_SPINS + ARENA_YIELDS) {
+			sched_yield();
+		} else {
+			struct timespec nap = {0, ARENA_NAP_NS};
+			nanosleep(&nap, NULL);
+		}
+	}
+}
+
+/* A waker bumps wake_gen under the arena lock and wait_lock; a waiter
+ * reads it under the arena lock before dropping that, so a wake between
+ * the drop and the wait is seen, not lost. */
+void emm_arena_wait(struct arena *h)
+{
+	unsigned gen = atomic_load_explicit(&h->wake_gen, memory_order_relaxed);
+
+	arena_unlock(h);
+	pthread_mutex_lock(&h->wait_lock);
+	while (atomic_load_explicit(&h->wake_gen, memory_order_relaxed) == gen)
+		pthread_cond_wait(&h->wait_cv, &h->wait_lock);
+	pthread_mutex_unlock(&h->wait_lock);
+	arena_lock(h);
+}
+
+void emm_arena_wake(struct arena *h)
+{
+	pthread_mutex_lock(&h->wait_lock);
+	atomic_store_explicit(&h->wake_gen, atomic_load_explicit(&h->wake_gen, memory_order_relaxed) + 1,
+	                      memory_order_relaxed);
+	pthread_cond_broadcast(&h->wait_cv);
+	pthread_mutex_unlock(&h->wait_lock);
 }
 
 static inline unsigned thread_slot(void)

@@ -568,11 +568,11 @@ unsigned emm_heap_inflight_enter(struct arena *h)
 void emm_heap_inflight_leave(struct arena *h, unsigned phase)
 {
 	if (--h->inflight[phase] == 0 && h->inflight_waiters)
-		pthread_cond_broadcast(&h->inflight_cv);
+		emm_arena_wake(h);
 }
 
-/* Wait until every op that started before now has left (lock held; the
- * condition variable drops it while waiting). Ops starting meanwhile count
+/* Wait until every op that started before now has left (lock held,
+ * dropped while waiting: emm_arena_wait). Ops starting meanwhile count
  * in the other phase, so a steady stream of them cannot starve the wait. */
 void emm_heap_inflight_quiesce(struct arena *h)
 {
@@ -581,6 +581,6 @@ void emm_heap_inflight_quiesce(struct arena *h)
 	h->inflight_phase ^= 1u;
 	h->inflight_waiters++;
 	while (h->inflight[phase])
-		pthread_cond_wait(&h->inflight_cv, &h->lock);
+		emm_arena_wait(h);
 	h->inflight_waiters--;
 }

@@ -9,7 +9,8 @@
  * Nothing outside allocator/heap*.c includes it.
  *
  * Lock order: heap lock, then the segment map's lock (segmap insert and
- * check run under the heap lock). The block map is only touched outside
+ * check run under the heap lock), or then the arena's wait_lock
+ * (emm_arena_wake; emm_arena_wait takes it with the heap lock dropped). The block map is only touched outside
  * the heap lock except in emm_heap_find_block and destroy. The heap lock is
  * dropped around the segment source and around every fence operation
  * (record, query, stream_wait, synchronize, release, device_synchronize:
@@ -86,9 +87,23 @@ __attribute__((noreturn)) void emm_heap_lock_violation(const char *op);
 #define FOP_CHECK(op) ((void)0)
 #endif
 
+/*
+ * The arena lock: a test-and-test-and-set lock whose unlock is one release
+ * store. Critical sections are a few list and index operations (no driver
+ * call, no host wait), and with an arena per CPU the lock is nearly always
+ * free: a pthread mutex's unlock, an atomic exchange to look for sleepers,
+ * cost a one-thread alloc+free pair 11-21 % on the CPU test double
+ * (tests/bench/RESULTS.md section 30). A waiter spins, then yields, then
+ * sleeps in short naps (emm_arena_lock_slow, heap.c), so a holder that was
+ * descheduled does not cost a CPU per waiter for long. Waiting for a
+ * condition with the lock dropped is emm_arena_wait / emm_arena_wake.
+ */
+void emm_arena_lock_slow(struct arena *h);
+
 static inline void arena_lock(struct arena *h)
 {
-	pthread_mutex_lock(&h->lock);
+	if (EMM_UNLIKELY(atomic_exchange_explicit(&h->lock, 1, memory_order_acquire)))
+		emm_arena_lock_slow(h);
 #ifndef NDEBUG
 	emm_heap_lock_depth++;
 #endif
@@ -97,7 +112,8 @@ static inline void arena_lock(struct arena *h)
 /* Lock h if no other thread holds it: true when locked. */
 static inline bool arena_trylock(struct arena *h)
 {
-	if (pthread_mutex_trylock(&h->lock))
+	if (atomic_load_explicit(&h->lock, memory_order_relaxed) ||
+	    atomic_exchange_explicit(&h->lock, 1, memory_order_acquire))
 		return false;
 #ifndef NDEBUG
 	emm_heap_lock_depth++;
@@ -110,8 +126,14 @@ static inline void arena_unlock(struct arena *h)
 #ifndef NDEBUG
 	emm_heap_lock_depth--;
 #endif
-	pthread_mutex_unlock(&h->lock);
+	atomic_store_explicit(&h->lock, 0, memory_order_release);
 }
+
+/* Lock held: drop it until the next emm_arena_wake on h (or spuriously),
+ * then take it again; callers loop on their condition. */
+void emm_arena_wait(struct arena *h);
+/* Lock held: wake every emm_arena_wait on h. */
+void emm_arena_wake(struct arena *h);
 
 /* Every call of h->fops goes through these (but `capturing`: f_capturing). */
 static inline int fop_record(struct arena *h, emm_stream_t s, uint64_t *ret_event)

@@ -31,23 +31,6 @@ static void drop_fence_struct(struct emm_fence *f)
  * threads of bench-core's working set paid 886-981 ns per pair, with this
  * one 598-742 (1 thread no slower: 275-307 against 280-418 before, run F of
  * RESULTS.md section 28). */
-static int arena_mutex_init(pthread_mutex_t *m)
-{
-#ifdef PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP
-	pthread_mutexattr_t a;
-	int r = pthread_mutexattr_init(&a);
-
-	if (r == 0) {
-		(void)pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
-		r = pthread_mutex_init(m, &a);
-		pthread_mutexattr_destroy(&a);
-	}
-	return r;
-#else
-	return pthread_mutex_init(m, NULL);
-#endif
-}
-
 static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_params *params,
                                   const struct emm_segment_source *src, const struct emm_segment_pages *pages,
                                   const struct emm_fence_ops *fence)
@@ -55,18 +38,14 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	struct arena *h = heap_zalloc_lines(sizeof(*h));
 	if (!h)
 		return NULL;
-	if (arena_mutex_init(&h->lock)) {
+	atomic_init(&h->lock, 0);
+	atomic_init(&h->wake_gen, 0);
+	if (pthread_mutex_init(&h->wait_lock, NULL)) {
 		free(h);
 		return NULL;
 	}
-	if (pthread_cond_init(&h->inflight_cv, NULL)) {
-		pthread_mutex_destroy(&h->lock);
-		free(h);
-		return NULL;
-	}
-	if (pthread_cond_init(&h->map_cv, NULL)) {
-		pthread_cond_destroy(&h->inflight_cv);
-		pthread_mutex_destroy(&h->lock);
+	if (pthread_cond_init(&h->wait_cv, NULL)) {
+		pthread_mutex_destroy(&h->wait_lock);
 		free(h);
 		return NULL;
 	}
@@ -108,9 +87,8 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	if (!h->orphans[1]) {
 		free(h->open);
 		free(h->orphans[0]);
-		pthread_cond_destroy(&h->map_cv);
-		pthread_cond_destroy(&h->inflight_cv);
-		pthread_mutex_destroy(&h->lock);
+		pthread_cond_destroy(&h->wait_cv);
+		pthread_mutex_destroy(&h->wait_lock);
 		free(h);
 		return NULL;
 	}
@@ -203,9 +181,8 @@ static void arena_destroy(struct arena *h, bool release_segments)
 		free(slab);
 	}
 	free(h->nb);
-	pthread_cond_destroy(&h->map_cv);
-	pthread_cond_destroy(&h->inflight_cv);
-	pthread_mutex_destroy(&h->lock);
+	pthread_cond_destroy(&h->wait_cv);
+	pthread_mutex_destroy(&h->wait_lock);
 	free(h);
 }
 

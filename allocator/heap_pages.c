@@ -10,7 +10,7 @@
  * their tree, so nothing merges with or takes them) or, for a map, the live
  * block's granules are marked busy; the call runs unlocked; the result is
  * published under the lock again. A thread that needs a granule another
- * thread is mapping waits on map_cv (the lock is dropped while it waits).
+ * thread is mapping waits in emm_arena_wait (the lock is dropped while it waits).
  * A segment's size changes only by a grow, which never runs while a map or
  * unmap of the same segment is in flight (s->paging) nor they while it
  * runs, so every call names the segment with its current size.
@@ -203,7 +203,7 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b)
 		if (wait) {
 			/* Another thread maps a granule this block shares. */
 			h->map_waiters++;
-			pthread_cond_wait(&h->map_cv, &h->lock);
+			emm_arena_wait(h);
 			h->map_waiters--;
 			continue;
 		}
@@ -251,7 +251,7 @@ int emm_pages_map_block(struct arena *h, struct emm_block *b)
 			publish_stats(h, (int64_t)(cnt * g));
 		}
 		if (h->map_waiters)
-			pthread_cond_broadcast(&h->map_cv);
+			emm_arena_wake(h);
 		if (err)
 			return err;
 		/* More runs than one batch: go round again. */
@@ -356,7 +356,7 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 		for (unsigned k = 0; k < nr; k++)
 			runs[k].b->seg->paging--;
 		if (nr && h->map_waiters)
-			pthread_cond_broadcast(&h->map_cv);
+			emm_arena_wake(h);
 
 		size_t freed = 0;
 		int failed = 0;
@@ -487,7 +487,7 @@ int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct 
 		 * wait for them, then look again. */
 		h->map_waiters++;
 		while (s->growing || s->paging)
-			pthread_cond_wait(&h->map_cv, &h->lock);
+			emm_arena_wait(h);
 		h->map_waiters--;
 		return -EAGAIN;
 	}
@@ -522,7 +522,7 @@ int emm_pages_grow(struct arena *h, size_t rounded, emm_stream_t stream, struct 
 	arena_lock(h);
 	s->growing = false;
 	if (h->map_waiters)
-		pthread_cond_broadcast(&h->map_cv);
+		emm_arena_wake(h);
 	if (r) {
 		if (have)
 			emm_pool_block_ready(h, t, 0);

@@ -156,8 +156,12 @@ struct heap_counters {
 
 /* One arena: everything below is under its lock. */
 struct arena {
-	pthread_mutex_t lock;
-	pthread_cond_t inflight_cv; /* an inflight[] count dropped to 0 */
+	atomic_int lock; /* 0 free, 1 held (arena_lock, heap_internal.h) */
+	/* Waits with the lock dropped (emm_arena_wait, heap.c): for an
+	 * inflight[] count to drop to 0, for a map or grow in flight. */
+	pthread_mutex_t wait_lock;
+	pthread_cond_t wait_cv;
+	atomic_uint wake_gen; /* bumped by every emm_arena_wake */
 	struct emm_heap *owner;
 	uint64_t bit; /* 1 << its index in owner->arenas (owner->holding) */
 	struct emm_heap_params p;
@@ -166,8 +170,7 @@ struct arena {
 	bool has_fence;
 	struct emm_segment_pages pg; /* page-granular segments (heap_pages.c) */
 	bool has_remap, has_grow;
-	pthread_cond_t map_cv; /* a map or grow in flight finished */
-	unsigned map_waiters;
+	unsigned map_waiters; /* waiting for a map or grow in flight */
 
 	struct emm_sfit ready[NPOOLS]; /* ready-any blocks */
 	struct emm_tree trees[NPOOLS]; /* ready-stream blocks */

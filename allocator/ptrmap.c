@@ -101,15 +101,10 @@ static void shard_lock_slow(struct shard *s)
 		if (atomic_load_explicit(&s->lock, memory_order_relaxed) == 0 &&
 		    !atomic_exchange_explicit(&s->lock, 1, memory_order_acquire))
 			return;
-		if (spins < SPINS_BEFORE_YIELD) {
-#if defined(__x86_64__) || defined(__i386__)
-			__builtin_ia32_pause();
-#elif defined(__aarch64__)
-			__asm__ __volatile__("yield");
-#endif
-		} else {
+		if (spins < SPINS_BEFORE_YIELD)
+			emm_cpu_relax();
+		else
 			sched_yield();
-		}
 	}
 }
 

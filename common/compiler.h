@@ -30,6 +30,17 @@
 #define EMM_NO_SANITIZE
 #endif
 
+/* One step of a spin-wait: tells the CPU (and a sibling hyper-thread)
+ * that this thread is waiting. */
+static inline void emm_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
 #define EMM_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 
 /* Round x up to a multiple of align (a power of two). */
