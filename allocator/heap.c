@@ -12,10 +12,12 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
+#include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "allocator/heap_debug.h"
 #include "allocator/ptrmap.h"
@@ -47,25 +49,36 @@ unsigned emm_heap_debug_lock_depth(void)
 
 /* --- the arena lock's slow path and its waits ------------------------------ */
 
-#define ARENA_SPINS  512 /* pauses: a few microseconds, longer than most sections */
-#define ARENA_YIELDS 64  /* then yields, then naps of ARENA_NAP_NS */
-#define ARENA_NAP_NS 20000
+#define ARENA_SPINS  64    /* pauses before a waiter sleeps: longer than most sections */
+#define ARENA_NAP_NS 50000 /* the longest sleep: bounds a wake lost to a fast unlock */
+
+static void futex_wait(atomic_int *word, int val)
+{
+	struct timespec nap = {0, ARENA_NAP_NS};
+
+	(void)syscall(SYS_futex, word, FUTEX_WAIT_PRIVATE, val, &nap, NULL, 0);
+}
 
 void emm_arena_lock_slow(struct arena *h)
 {
-	for (unsigned n = 0;; n++) {
+	for (unsigned n = 0; n < ARENA_SPINS; n++) {
+		int z = 0;
 		if (atomic_load_explicit(&h->lock, memory_order_relaxed) == 0 &&
-		    !atomic_exchange_explicit(&h->lock, 1, memory_order_acquire))
+		    atomic_compare_exchange_weak_explicit(&h->lock, &z, 1, memory_order_acquire, memory_order_relaxed))
 			return;
-		if (n < ARENA_SPINS) {
-			emm_cpu_relax();
-		} else if (n < ARENA_SPINS + ARENA_YIELDS) {
-			sched_yield();
-		} else {
-			struct timespec nap = {0, ARENA_NAP_NS};
-			nanosleep(&nap, NULL);
-		}
+		emm_cpu_relax();
 	}
+	/* Sleep, marking the lock contended (2): its holder's unlock wakes one
+	 * sleeper. Taken this way the lock stays marked, so our own unlock
+	 * wakes the next sleeper too. */
+	while (atomic_exchange_explicit(&h->lock, 2, memory_order_acquire) != 0)
+		futex_wait(&h->lock, 2);
+}
+
+void emm_arena_unlock_slow(struct arena *h)
+{
+	atomic_store_explicit(&h->lock, 0, memory_order_release);
+	(void)syscall(SYS_futex, &h->lock, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
 }
 
 /* A waker bumps wake_gen under the arena lock and wait_lock; a waiter

@@ -88,21 +88,30 @@ __attribute__((noreturn)) void emm_heap_lock_violation(const char *op);
 #endif
 
 /*
- * The arena lock: a test-and-test-and-set lock whose unlock is one release
- * store. Critical sections are a few list and index operations (no driver
- * call, no host wait), and with an arena per CPU the lock is nearly always
- * free: a pthread mutex's unlock, an atomic exchange to look for sleepers,
- * cost a one-thread alloc+free pair 11-21 % on the CPU test double
- * (tests/bench/RESULTS.md section 30). A waiter spins, then yields, then
- * sleeps in short naps (emm_arena_lock_slow, heap.c), so a holder that was
- * descheduled does not cost a CPU per waiter for long. Waiting for a
- * condition with the lock dropped is emm_arena_wait / emm_arena_wake.
+ * The arena lock: 0 free, 1 held, 2 held with a sleeper perhaps (a futex
+ * word, Drepper's "mutex 2"). Critical sections are a few list and index
+ * operations (no driver call, no host wait), and with an arena per CPU the
+ * lock is nearly always free; so its unlock, uncontended, is a load and a
+ * release store, not the atomic exchange of a pthread mutex's unlock,
+ * which cost a one-thread alloc+free pair 11-21 % on the CPU test double
+ * (tests/bench/RESULTS.md section 30). A waiter spins a little, then
+ * sleeps on the futex (emm_arena_lock_slow, heap.c) as a mutex's does: a
+ * lock that spun instead was 2x slower when two CPUs shared an arena and
+ * 2.5-3.5x slower with more threads than CPUs. A sleeper marked the word
+ * in the nanoseconds between a fast unlock's load and store is not woken
+ * by it: its sleep is bounded (ARENA_NAP_NS, 50 µs), then it looks again.
+ * Waiting for a condition with the lock dropped is emm_arena_wait /
+ * emm_arena_wake.
  */
 void emm_arena_lock_slow(struct arena *h);
+void emm_arena_unlock_slow(struct arena *h);
 
 static inline void arena_lock(struct arena *h)
 {
-	if (EMM_UNLIKELY(atomic_exchange_explicit(&h->lock, 1, memory_order_acquire)))
+	int z = 0;
+
+	if (EMM_UNLIKELY(!atomic_compare_exchange_strong_explicit(&h->lock, &z, 1, memory_order_acquire,
+	                                                          memory_order_relaxed)))
 		emm_arena_lock_slow(h);
 #ifndef NDEBUG
 	emm_heap_lock_depth++;
@@ -112,8 +121,10 @@ static inline void arena_lock(struct arena *h)
 /* Lock h if no other thread holds it: true when locked. */
 static inline bool arena_trylock(struct arena *h)
 {
+	int z = 0;
+
 	if (atomic_load_explicit(&h->lock, memory_order_relaxed) ||
-	    atomic_exchange_explicit(&h->lock, 1, memory_order_acquire))
+	    !atomic_compare_exchange_strong_explicit(&h->lock, &z, 1, memory_order_acquire, memory_order_relaxed))
 		return false;
 #ifndef NDEBUG
 	emm_heap_lock_depth++;
@@ -126,7 +137,10 @@ static inline void arena_unlock(struct arena *h)
 #ifndef NDEBUG
 	emm_heap_lock_depth--;
 #endif
-	atomic_store_explicit(&h->lock, 0, memory_order_release);
+	if (EMM_LIKELY(atomic_load_explicit(&h->lock, memory_order_relaxed) == 1))
+		atomic_store_explicit(&h->lock, 0, memory_order_release);
+	else
+		emm_arena_unlock_slow(h);
 }
 
 /* Lock held: drop it until the next emm_arena_wake on h (or spuriously),

@@ -156,7 +156,7 @@ struct heap_counters {
 
 /* One arena: everything below is under its lock. */
 struct arena {
-	atomic_int lock; /* 0 free, 1 held (arena_lock, heap_internal.h) */
+	atomic_int lock; /* 0 free, 1 held, 2 held and contended (arena_lock, heap_internal.h) */
 	/* Waits with the lock dropped (emm_arena_wait, heap.c): for an
 	 * inflight[] count to drop to 0, for a map or grow in flight. */
 	pthread_mutex_t wait_lock;

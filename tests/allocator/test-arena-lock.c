@@ -3,9 +3,10 @@
  * tests/allocator/test-arena-lock.c - the arena lock (heap_internal.h:
  * arena_lock, arena_trylock, arena_unlock; heap.c: emm_arena_lock_slow,
  * emm_arena_wait, emm_arena_wake) on a bare struct arena: mutual exclusion
- * under contention (exact counts), a waiter that outlasts the spins and
- * yields (a holder keeps it for milliseconds), trylock, and waits that
- * never miss a wake between the check and the wait.
+ * under contention (exact counts; 8 threads on however many CPUs, so
+ * waiters sleep on the futex and are woken), a waiter that outlasts the
+ * spins and sleeps (a holder keeps it 20 ms), trylock, and waits that never
+ * miss a wake between the check and the wait.
  */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -121,7 +122,7 @@ TEST_BEGIN(test_trylock)
 TEST_END
 
 /* A holder that keeps the lock 20 ms: the waiter goes through its spins,
- * yields and naps, and gets it once it is free. */
+ * sleeps, and gets it once it is free. */
 struct holder {
 	struct arena *h;
 	atomic_int holding;
