@@ -211,7 +211,74 @@ TEST_BEGIN(test_wait_and_wake)
 }
 TEST_END
 
+/* A waker that grabs the lock the moment a waiter drops it in
+ * emm_arena_wait (a trylock spin), and wakes it at once: the wake lands
+ * between the waiter's unlock and its wait, the window a waiter that read
+ * the generation too late would miss (then both hang: the watchdog fails
+ * the test). */
+struct quick {
+	struct arena *h;
+	int flag; /* under the lock */
+	atomic_int rounds_done;
+	atomic_int stop;
+};
+
+#define QUICK_ROUNDS 20000
+
+static void *quick_waiter(void *arg)
+{
+	struct quick *q = arg;
+
+	for (int i = 0; i < QUICK_ROUNDS && !atomic_load(&q->stop); i++) {
+		arena_lock(q->h);
+		while (!q->flag && !atomic_load(&q->stop))
+			emm_arena_wait(q->h);
+		q->flag = 0;
+		arena_unlock(q->h);
+		atomic_store(&q->rounds_done, i + 1);
+	}
+	return NULL;
+}
+
+static void *quick_waker(void *arg)
+{
+	struct quick *q = arg;
+
+	for (int i = 0; i < QUICK_ROUNDS && !atomic_load(&q->stop); i++) {
+		while (!arena_trylock(q->h))
+			;
+		q->flag = 1;
+		emm_arena_wake(q->h);
+		arena_unlock(q->h);
+		while (atomic_load(&q->rounds_done) <= i && !atomic_load(&q->stop))
+			;
+	}
+	return NULL;
+}
+
+TEST_BEGIN(test_wake_right_after_the_drop)
+{
+	struct quick q = {.h = arena_new()};
+	pthread_t w, k;
+	assert_ptr_not_null(q.h);
+
+	assert_int_eq(pthread_create(&w, NULL, quick_waiter, &q), 0);
+	assert_int_eq(pthread_create(&k, NULL, quick_waker, &q), 0);
+	for (int i = 0; i < 20000 && atomic_load(&q.rounds_done) < QUICK_ROUNDS; i++)
+		sleep_us(1000);
+	expect_int_eq(atomic_load(&q.rounds_done), QUICK_ROUNDS);
+	atomic_store(&q.stop, 1);
+	arena_lock(q.h);
+	emm_arena_wake(q.h); /* a waiter left hanging by a lost wake */
+	arena_unlock(q.h);
+	pthread_join(w, NULL);
+	pthread_join(k, NULL);
+	arena_free(q.h);
+}
+TEST_END
+
 int main(void)
 {
-	return emm_test_run(test_mutual_exclusion, test_trylock, test_long_holder, test_wait_and_wake, NULL);
+	return emm_test_run(test_mutual_exclusion, test_trylock, test_long_holder, test_wait_and_wake,
+	                    test_wake_right_after_the_drop, NULL);
 }
