@@ -95,9 +95,11 @@ __attribute__((noreturn)) void emm_heap_lock_violation(const char *op);
  * release store, not the atomic exchange of a pthread mutex's unlock,
  * which cost a one-thread alloc+free pair 11-21 % on the CPU test double
  * (tests/bench/RESULTS.md section 30). A waiter spins a little, then
- * sleeps on the futex (emm_arena_lock_slow, heap.c) as a mutex's does: a
- * lock that spun instead was 2x slower when two CPUs shared an arena and
- * 2.5-3.5x slower with more threads than CPUs. A sleeper marked the word
+ * sleeps on the futex (emm_arena_lock_slow, heap.c), as glibc's adaptive
+ * mutex before it did: a lock that spun only was 2x slower when two CPUs
+ * shared an arena and 2.5-3.5x slower with more threads than CPUs (section
+ * 30), and one that slept at once made 16 threads of bench-core's working
+ * set pay 886-981 ns a pair against 598-742 (section 28, run F). A sleeper marked the word
  * in the nanoseconds between a fast unlock's load and store is not woken
  * by it: its sleep is bounded (ARENA_NAP_NS, 50 µs), then it looks again.
  * Waiting for a condition with the lock dropped is emm_arena_wait /

@@ -23,14 +23,6 @@ static void drop_fence_struct(struct emm_fence *f)
 	free(f);
 }
 
-/* An arena's lock spins a little before it sleeps (glibc's adaptive
- * mutex): its critical sections are a few hundred nanoseconds, and a
- * thread that sleeps on one pays a futex wait and wake-up many times
- * that. Other threads lock an arena when they free its blocks or take one
- * on a miss (take_other_arena, heap_alloc.c); with a plain mutex, 16
- * threads of bench-core's working set paid 886-981 ns per pair, with this
- * one 598-742 (1 thread no slower: 275-307 against 280-418 before, run F of
- * RESULTS.md section 28). */
 static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_params *params,
                                   const struct emm_segment_source *src, const struct emm_segment_pages *pages,
                                   const struct emm_fence_ops *fence)
