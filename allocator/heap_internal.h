@@ -10,8 +10,9 @@
  *
  * Lock order: heap lock, then the segment map's lock (segmap insert and
  * check run under the heap lock), or then the arena's wait_lock
- * (emm_arena_wake; emm_arena_wait takes it with the heap lock dropped). The block map is only touched outside
- * the heap lock except in emm_heap_find_block and destroy. The heap lock is
+ * (emm_arena_wake; emm_arena_wait takes it with the heap lock dropped).
+ * The block map is only touched outside the heap lock except in
+ * emm_heap_find_block and destroy. The heap lock is
  * dropped around the segment source and around every fence operation
  * (record, query, stream_wait, synchronize, release, device_synchronize:
  * driver calls in production): under the lock a caller only takes the
@@ -99,9 +100,10 @@ __attribute__((noreturn)) void emm_heap_lock_violation(const char *op);
  * mutex before it did: a lock that spun only was 2x slower when two CPUs
  * shared an arena and 2.5-3.5x slower with more threads than CPUs (section
  * 30), and one that slept at once made 16 threads of bench-core's working
- * set pay 886-981 ns a pair against 598-742 (section 28, run F). A sleeper marked the word
- * in the nanoseconds between a fast unlock's load and store is not woken
- * by it: its sleep is bounded (ARENA_NAP_NS, 50 µs), then it looks again.
+ * set pay 886-981 ns a pair against 598-742 (section 28, run F). A
+ * sleeper that marked the word in the nanoseconds between a fast unlock's
+ * load and store is not woken by it: its sleep is bounded (ARENA_NAP_NS,
+ * 50 µs), then it looks again.
  * Waiting for a condition with the lock dropped is emm_arena_wait /
  * emm_arena_wake.
  */
