@@ -403,10 +403,10 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 		 * and per-thread streams, the live non-blocking streams (all
 		 * idle) wait on it, and so do new ones (emm_heap_last_fence; one
 		 * created while the lock was dropped changed nb_gen and sends us
-		 * the slow way). The blocks are ready at once. Not for host-accessible memory: the host writes a
-		 * reused pinned block at once, outside every stream, so it must
-		 * wait for completion (a copy from it may still be in flight:
-		 * measured on the H200). */
+		 * the slow way). The blocks are ready at once. Not for
+		 * host-accessible memory: the host writes a reused pinned block
+		 * at once, outside every stream, so it must wait for completion
+		 * (a copy from it may still be in flight: measured on the H200). */
 		set_last_fence(h, ep->events[0], NULL);
 		ep->nevents = 0;
 		if (ret_ready) {

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * allocator/heap_life.c - a heap's creation and destruction: its arenas
- * (each on cache lines of its own, with an adaptive lock), and at destroy
+ * (each on cache lines of its own, with its lock and its wait mutex and
+ * condition: heap_internal.h, arena_lock), and at destroy
  * the wait for pending fences, the segments back to their source and the
  * metadata freed. The entry points of a live heap are heap.c's.
  */

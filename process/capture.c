@@ -92,7 +92,14 @@ static atomic_uint *gate_counter(unsigned p, bool make)
 	return c ? c : &gate_inflight[p];
 }
 
-bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase)
+static bool captures_forbid(emm_stream_t key, bool any_mode);
+
+/* Enter the gate for an op on `key`, refused when a capture forbids it:
+ * any_mode, as emm_state_capture_forbids says (records, queries); else only
+ * a capture of `key` itself (cuStreamWaitEvent: not one of the calls a
+ * global or thread-local capture forbids elsewhere, but on a capturing
+ * stream it would join an event from outside the capture). */
+static bool gate_enter(emm_stream_t key, bool any_mode, unsigned *ret_phase)
 {
 	unsigned p = atomic_load(&gate_phase) & 1u;
 	atomic_uint *c = gate_counter(p, true);
@@ -101,7 +108,7 @@ bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase)
 	 * the begin sees this op in flight and waits for it, or this op sees
 	 * the capture recorded. */
 	atomic_fetch_add(c, 1);
-	if (atomic_load(&st_capture_count) != 0 && emm_state_capture_forbids(key)) {
+	if (atomic_load(&st_capture_count) != 0 && captures_forbid(key, any_mode)) {
 		atomic_fetch_sub(c, 1);
 		return false;
 	}
@@ -109,37 +116,14 @@ bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase)
 	return true;
 }
 
-/* Is `key` itself being captured (or is some capture's stream unknown, or
- * is key not a stream handle)?
- * What a cuStreamWaitEvent on it must respect: the wait is not one of the
- * calls a global or thread-local capture forbids elsewhere, but on a
- * capturing stream it would join an event from outside the capture. */
-static bool capture_of(emm_stream_t key)
+bool st_capture_gate_enter(emm_stream_t key, unsigned *ret_phase)
 {
-	bool forbid;
-
-	if (!EMM_STREAM_IS_HANDLE(key))
-		return true; /* the legacy or a per-thread stream may join one implicitly */
-	st_lock(&st_capture_lock);
-	forbid = capture_unknown > 0;
-	for (struct emm_capture *c = captures; c && !forbid; c = c->next)
-		forbid = c->key == key;
-	st_unlock(&st_capture_lock);
-	return forbid;
+	return gate_enter(key, true, ret_phase);
 }
 
 bool st_capture_gate_enter_wait(emm_stream_t key, unsigned *ret_phase)
 {
-	unsigned p = atomic_load(&gate_phase) & 1u;
-	atomic_uint *c = gate_counter(p, true);
-
-	atomic_fetch_add(c, 1); /* as st_capture_gate_enter */
-	if (atomic_load(&st_capture_count) != 0 && capture_of(key)) {
-		atomic_fetch_sub(c, 1);
-		return false;
-	}
-	*ret_phase = p;
-	return true;
+	return gate_enter(key, false, ret_phase);
 }
 
 void st_capture_gate_leave(unsigned phase)
@@ -336,7 +320,11 @@ void emm_capture_stream_destroyed(CUstream stream)
 	st_release_run(&rel);
 }
 
-bool emm_state_capture_forbids(emm_stream_t key)
+/* Does an active capture forbid an op on `key`? any_mode: a capture of
+ * key, any global-mode capture, or a thread-local one of this thread; else
+ * a capture of key only. While any capture is active, unknown capturing
+ * streams and keys that are not stream handles always forbid. */
+static bool captures_forbid(emm_stream_t key, bool any_mode)
 {
 	pthread_t self;
 	bool forbid = false;
@@ -353,12 +341,18 @@ bool emm_state_capture_forbids(emm_stream_t key)
 	st_lock(&st_capture_lock);
 	forbid = capture_unknown > 0;
 	for (struct emm_capture *c = captures; c && !forbid; c = c->next) {
-		if (c->key == key || c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
-		    (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && pthread_equal(c->thread, self)))
+		if (c->key == key ||
+		    (any_mode && (c->mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
+		                  (c->mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL && pthread_equal(c->thread, self)))))
 			forbid = true;
 	}
 	st_unlock(&st_capture_lock);
 	return forbid;
+}
+
+bool emm_state_capture_forbids(emm_stream_t key)
+{
+	return captures_forbid(key, true);
 }
 
 bool emm_state_stream_capturing(CUstream stream, bool per_thread_default)
