@@ -210,16 +210,14 @@ int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_
 	return arena_alloc(thread_arena(heap), pool, rounded, size, stream, ret_addr);
 }
 
-int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
+/* Free block b, just taken out of the block map. */
+static int free_taken(struct emm_block *b, emm_stream_t stream, size_t *ret_requested)
 {
-	struct emm_block *b = emm_blockmap_take(addr);
 	struct emm_segment *release = NULL;
 	struct arena *h;
 	size_t requested;
 	int strict = 0;
 
-	if (EMM_UNLIKELY(!b))
-		return emm_segmap_find(addr, NULL, NULL, NULL) == 0 ? -EINVAL : -ENOENT;
 	h = b->seg->arena;
 	requested = b->requested;
 	if (stream == EMM_STREAM_SYNC && h->p.free_mode != EMM_FREE_MODE_STRICT && emm_tcache_free(b)) {
@@ -280,6 +278,49 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 	if (ret_requested)
 		*ret_requested = requested;
 	return 0;
+}
+
+int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
+{
+	struct emm_block *b = emm_blockmap_take(addr);
+
+	if (EMM_UNLIKELY(!b))
+		return emm_segmap_find(addr, NULL, NULL, NULL) == 0 ? -EINVAL : -ENOENT;
+	return free_taken(b, stream, ret_requested);
+}
+
+struct accept_heap {
+	bool (*accept)(const emm_heap_t *heap, const void *arg);
+	const void *arg;
+};
+
+/* Under the block map's lock: b is live, its arena and heap alive. */
+static bool accept_block(const void *value, const void *arg)
+{
+	const struct emm_block *b = value;
+	const struct accept_heap *a = arg;
+
+	return a->accept(b->seg->arena->owner, a->arg);
+}
+
+int emm_heap_free_if(emm_addr_t addr, emm_stream_t stream, bool (*accept)(const emm_heap_t *heap, const void *arg),
+                     const void *arg, size_t *ret_requested)
+{
+	struct accept_heap a = { accept, arg };
+	struct emm_block_range range;
+	void *value = NULL;
+	int r = emm_blockmap_take_if(addr, accept_block, &a, &value);
+
+	if (EMM_LIKELY(r == 0))
+		return free_taken(value, stream, ret_requested);
+	if (r == -EXDEV)
+		return r;
+	/* Not a block start. Inside a live block the caller refuses: -EXDEV as
+	 * for its start; anywhere else in our memory (a block freed twice) it
+	 * is refused here, never passed on. */
+	if (emm_heap_find_block(addr, &range) == 0 && !accept(range.heap, arg))
+		return -EXDEV;
+	return emm_segmap_find(addr, NULL, NULL, NULL) == 0 ? -EINVAL : -ENOENT;
 }
 
 emm_heap_t *emm_heap_of_block(emm_addr_t addr)

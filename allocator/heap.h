@@ -227,6 +227,15 @@ int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_
  */
 int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested);
 
+/* emm_heap_free, if accept(the heap of the block at addr, arg): else
+ * -EXDEV and nothing changes (a free naming the other kind of memory; also
+ * for an interior pointer of a live block of a refused heap). accept is
+ * called under a lock of the block map: it must not block or reach a heap.
+ * A block start costs one block map operation, as with emm_heap_free;
+ * -EINVAL and -ENOENT as it. */
+int emm_heap_free_if(emm_addr_t addr, emm_stream_t stream, bool (*accept)(const emm_heap_t *heap, const void *arg),
+                     const void *arg, size_t *ret_requested);
+
 /* The live block containing `addr` (interior pointers allowed); -ENOENT. */
 int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
 

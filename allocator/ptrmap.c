@@ -248,8 +248,10 @@ static void shard_remove_at(struct shard *s, size_t i)
 	s->slots[i].value = NULL;
 }
 
-/* Looks addr up under its shard's lock; with `remove`, takes it out. */
-static void *blockmap_find(uint64_t addr, bool remove)
+/* Looks addr up under its shard's lock; with `remove`, takes it out if
+ * `accept` (NULL: always) says so. *refused: found but not accepted. */
+static void *blockmap_find(uint64_t addr, bool remove, bool (*accept)(const void *, const void *),
+                           const void *arg, bool *refused)
 {
 	struct shard *s = shard_of(addr);
 	void *value = NULL;
@@ -263,7 +265,10 @@ static void *blockmap_find(uint64_t addr, bool remove)
 		i = shard_probe(s, hash_addr(addr), addr);
 		if (s->slots[i].key == addr) {
 			value = s->slots[i].value;
-			if (remove) {
+			if (accept && !accept(value, arg)) {
+				*refused = true;
+				value = NULL;
+			} else if (remove) {
 				shard_remove_at(s, i);
 				atomic_store_explicit(
 				    &s->count, atomic_load_explicit(&s->count, memory_order_relaxed) - 1,
@@ -277,12 +282,24 @@ static void *blockmap_find(uint64_t addr, bool remove)
 
 void *emm_blockmap_take(uint64_t addr)
 {
-	return blockmap_find(addr, true);
+	return blockmap_find(addr, true, NULL, NULL, NULL);
+}
+
+int emm_blockmap_take_if(uint64_t addr, bool (*accept)(const void *value, const void *arg), const void *arg,
+                         void **ret_value)
+{
+	bool refused = false;
+	void *value = blockmap_find(addr, true, accept, arg, &refused);
+
+	if (!value)
+		return refused ? -EXDEV : -ENOENT;
+	*ret_value = value;
+	return 0;
 }
 
 void *emm_blockmap_get(uint64_t addr)
 {
-	return blockmap_find(addr, false);
+	return blockmap_find(addr, false, NULL, NULL, NULL);
 }
 
 size_t emm_blockmap_count(void)

@@ -15,12 +15,18 @@
 #ifndef EMM_ALLOCATOR_PTRMAP_H
 #define EMM_ALLOCATOR_PTRMAP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 /* Block map: addr -> opaque value (a struct emm_block *). */
 int emm_blockmap_insert(uint64_t addr, void *value);	 /* -EEXIST, -ENOMEM, -EINVAL (0/NULL) */
 void *emm_blockmap_take(uint64_t addr);			 /* remove and return, or NULL */
+/* Remove and return (*ret_value) only if accept(value, arg), called under
+ * the entry's lock (it must not block or call back into the map): 0,
+ * -ENOENT (absent), -EXDEV (refused: left in place). */
+int emm_blockmap_take_if(uint64_t addr, bool (*accept)(const void *value, const void *arg), const void *arg,
+                         void **ret_value);
 void *emm_blockmap_get(uint64_t addr);			 /* lookup, or NULL */
 size_t emm_blockmap_count(void);
 /* Forget every entry without taking a lock (part of emm_ptrmap_reset). */

@@ -930,6 +930,41 @@ TEST_BEGIN(test_bad_frees)
 }
 TEST_END
 
+/* emm_heap_free_if: a refused heap keeps its block, untouched. */
+static bool accept_if(const emm_heap_t *heap, const void *arg)
+{
+	return heap == *(emm_heap_t *const *)arg;
+}
+
+TEST_BEGIN(test_free_if)
+{
+	struct emm_heap_params p = defaults();
+	emm_heap_t *h = setup(&p, false, 1ull << 40);
+	assert_ptr_not_null(h);
+	emm_heap_t *other = (emm_heap_t *)&p, *self = h;
+	emm_addr_t a = xalloc(h, 4 * KIB, 0);
+	size_t req = 0;
+
+	expect_int_eq(emm_heap_free_if(a, 0, accept_if, &other, &req), -EXDEV);
+	expect_int_eq(emm_heap_free_if(a + 512, 0, accept_if, &other, &req), -EXDEV); /* interior */
+	expect_u64_eq(req, 0);
+	expect_u64_eq(heap_stats(h).live_blocks, 1);
+	expect_ptr_eq(emm_heap_of_block(a), h);
+	expect_int_eq(emm_heap_free_if(a + 512, 0, accept_if, &self, &req), -EINVAL);
+	expect_int_eq(emm_heap_free_if(0xdead0000ull, 0, accept_if, &self, NULL), -ENOENT);
+	expect_int_eq(emm_heap_free_if(0xdead0000ull, 0, accept_if, &other, NULL), -ENOENT);
+	CHECKH(h);
+	expect_int_eq(emm_heap_free_if(a, 0, accept_if, &self, &req), 0);
+	expect_u64_eq(req, 4 * KIB);
+	expect_u64_eq(heap_stats(h).live_blocks, 0);
+	/* Freed: no live block of either heap is there any more. */
+	expect_int_eq(emm_heap_free_if(a, 0, accept_if, &self, NULL), -EINVAL);
+	expect_int_eq(emm_heap_free_if(a, 0, accept_if, &other, NULL), -EINVAL);
+	CHECKH(h);
+	teardown(h);
+}
+TEST_END
+
 TEST_BEGIN(test_find_block)
 {
 	struct emm_heap_params p = defaults();
@@ -1246,7 +1281,7 @@ int main(void)
 	                    test_max_split, test_stream_reuse, test_steal, test_epoch_fast_path, test_epoch_host_accessible,
 	                    test_epoch_nonblocking, test_epoch_bytes, test_epoch_pressure, test_epoch_capture,
 	                    test_stream_destroy, test_strict_mode, test_stream_mode, test_no_fence_ops,
-	                    test_oom_retry, test_release_threshold, test_release_idle, test_bad_frees,
+	                    test_oom_retry, test_release_threshold, test_release_idle, test_bad_frees, test_free_if,
 	                    test_find_block, test_destroy_forget, test_arenas, test_arenas_borrow,
 	                    test_arenas_borrow_epoch, NULL);
 }

@@ -319,6 +319,34 @@ TEST_BEGIN(test_reset)
 }
 TEST_END
 
+static bool accept_value(const void *value, const void *arg)
+{
+	return value == arg;
+}
+
+/* take_if: taken only when accepted; a refusal leaves the entry. */
+TEST_BEGIN(test_blockmap_take_if)
+{
+	int x, y;
+	void *v = NULL;
+
+	emm_ptrmap_reset();
+	assert_int_eq(emm_blockmap_insert(BASE + 512, &x), 0);
+	expect_int_eq(emm_blockmap_take_if(BASE + 512, accept_value, &y, &v), -EXDEV);
+	expect_ptr_null(v);
+	expect_ptr_eq(emm_blockmap_get(BASE + 512), &x);
+	expect_int_eq(emm_blockmap_count(), 1);
+	expect_int_eq(emm_blockmap_take_if(BASE + 1024, accept_value, &x, &v), -ENOENT);
+	expect_int_eq(emm_blockmap_take_if(0, accept_value, &x, &v), -ENOENT);
+	expect_ptr_null(v);
+	expect_int_eq(emm_blockmap_take_if(BASE + 512, accept_value, &x, &v), 0);
+	expect_ptr_eq(v, &x);
+	expect_int_eq(emm_blockmap_count(), 0);
+	expect_int_eq(emm_blockmap_take_if(BASE + 512, accept_value, &x, &v), -ENOENT);
+	emm_ptrmap_reset();
+}
+TEST_END
+
 static atomic_bool churn_stop;
 static atomic_int churn_warm; /* workers done with their first round */
 
@@ -418,5 +446,5 @@ int main(void)
 {
 	return emm_test_run(test_blockmap_basic, test_blockmap_growth_and_collisions,
 	                    test_blockmap_random_model, test_blockmap_threads, test_blockmap_cost,
-	                    test_segmap, test_segmap_many, test_reset, test_reset_after_fork, NULL);
+	                    test_blockmap_take_if, test_segmap, test_segmap_many, test_reset, test_reset_after_fork, NULL);
 }
