@@ -85,13 +85,19 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 		if (b->size >= rounded && b->pool == pool)
 			break;
 	if (!b) {
-		/* The epoch's pressure rules (epoch_pressure in heap_alloc.c), now
-		 * that memory is needed: its bytes, or half its quota with a block
-		 * that could serve this. Closed here, its blocks come back to the
-		 * bins; left to the arena's miss path, they would join the shared
-		 * open epoch and come back through the arena. */
-		if (!tc_pressure_bytes(tc, rounded) &&
-		    (tc->pend_max < rounded || tc->npend < (tc->arena->p.epoch_max_blocks + 1) / 2))
+		/* The thread's epoch closes here, its blocks back to the bins, when
+		 * one of them would serve this (they come back unmerged) and
+		 * memory is needed: its bytes (epoch_pressure in heap_alloc.c), or
+		 * half its quota while the bins together hold too little for this
+		 * request (a same-size loop: left to the arena's miss path, the
+		 * blocks would join the shared open epoch and come back through
+		 * the arena). A miss beside full bins of other classes goes to the
+		 * arena: closing at half the quota there doubled the epochs of a
+		 * working set of random sizes (1 per 33.5 frees against the shared
+		 * way's 1 per 64, RESULTS.md section 31). */
+		if (tc->pend_max < rounded ||
+		    (!tc_pressure_bytes(tc, rounded) &&
+		     (tc->ready_bytes >= rounded || tc->npend < (tc->arena->p.epoch_max_blocks + 1) / 2)))
 			return false;
 		close_pending(tc);
 		for (pp = &tc->bins[c]; (b = *pp); pp = &b->link)

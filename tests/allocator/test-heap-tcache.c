@@ -182,6 +182,37 @@ TEST_BEGIN(test_pressure_closes_the_thread_epoch)
 }
 TEST_END
 
+/* A miss beside bins that together hold enough (a working set of other
+ * sizes) goes to the arena: the thread's epoch keeps filling up to its
+ * quota instead of closing at half of it, which doubled the epochs (and
+ * the event records) of a working set of random sizes. */
+TEST_BEGIN(test_miss_beside_full_bins_keeps_the_epoch)
+{
+	emm_heap_t *h = setup(true, SIZE_MAX, EMM_FREE_MODE_FENCE);
+	emm_addr_t small[N], big[N];
+	assert_ptr_not_null(h);
+
+	/* N blocks of 64 KiB into the bins (a full epoch, closed at once). */
+	for (unsigned i = 0; i < N; i++)
+		small[i] = xalloc(h, 64 * KIB, 0);
+	for (unsigned i = 0; i < N; i++)
+		xfree(small[i], 0);
+	expect_u64_eq(fence.records, 1);
+	/* Half the quota of 1 MiB blocks pending. */
+	for (unsigned i = 0; i < N / 2; i++)
+		big[i] = xalloc(h, 1 * MIB, 0);
+	for (unsigned i = 0; i < N / 2; i++)
+		xfree(big[i], 0);
+	expect_u64_eq(fence.records, 1);
+	/* 256 KiB: no bin of its class, 1 MiB of 64 KiB blocks in the bins. */
+	emm_addr_t b = xalloc(h, 256 * KIB, 0);
+	expect_u64_eq(fence.records, 1);
+	expect_false(contains(big, N / 2, b));
+	xfree(b, 0);
+	teardown(h);
+}
+TEST_END
+
 /* The thread of test_pressure_refills_the_cache: N/2 pairs' frees pending,
  * then an allocation that finds them (the close), then, once the main
  * thread holds the arena lock, the rest of them. */
@@ -412,7 +443,9 @@ TEST_END
 int main(void)
 {
 	return emm_test_run(test_reuse_after_the_thread_epoch_closes, test_nonblocking_stream_waits_for_the_events,
-	                    test_pressure_closes_the_thread_epoch, test_pressure_refills_the_cache, test_capture_keeps_the_epoch_open, test_double_free_of_a_cached_block,
+	                    test_pressure_closes_the_thread_epoch, test_miss_beside_full_bins_keeps_the_epoch,
+	                    test_pressure_refills_the_cache, test_capture_keeps_the_epoch_open,
+	                    test_double_free_of_a_cached_block,
 	                    test_stream_mode_reuses_at_once, test_release_idle_flushes_the_cache,
 	                    test_thread_exit_flushes, test_oom_retry_flushes_the_cache,
 	                    test_destroy_forgets_the_cache, NULL);
