@@ -11,9 +11,11 @@
  *
  *   - pending: freed, not yet reusable (fence mode): the thread's own epoch.
  *     After EMM_EPOCH_BLOCKS frees (or 16 times EMM_EPOCH_BYTES, the hard
- *     bound), or at an allocation that misses while it holds EMM_EPOCH_BYTES,
- *     it is closed in one arena lock (emm_heap_close_blocks): one event on the legacy stream,
- *     exactly as the shared open epoch closes, whose blocks join it (so
+ *     bound), or at an allocation that misses with a pending block that
+ *     would serve it (while the epoch holds EMM_EPOCH_BYTES, or half its
+ *     quota and the bins too little: emm_tcache_alloc), it is closed in
+ *     one arena lock (emm_heap_close_blocks): one event on the legacy
+ *     stream, exactly as the shared open epoch closes, whose blocks join it (so
  *     every synchronous free still counts towards an epoch close). When the
  *     arena misses and half the quota is pending with a block that could
  *     serve the miss, the blocks join the shared open epoch, which the
