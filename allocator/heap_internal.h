@@ -241,10 +241,13 @@ static inline void heap_stat_add(_Atomic int64_t *cur, _Atomic int64_t *peak, in
 	peak_update(peak, v);
 }
 
+/* Compared as signed: with thread caches an arena's count can be below zero
+ * for a while (another thread's frees added before the allocations they
+ * free, which still sit in the allocating thread's cache counters). */
 static inline void stat_add(uint64_t *cur, uint64_t *peak, uint64_t *total, uint64_t v)
 {
 	*cur += v;
-	if (*cur > *peak)
+	if ((int64_t)*cur > (int64_t)*peak)
 		*peak = *cur;
 	*total += v;
 }

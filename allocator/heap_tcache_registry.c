@@ -136,9 +136,10 @@ void emm_tc_apply_delta(struct tcache *tc)
 	h->st.frees += LD(d->frees);
 	h->st.hits += LD(d->hits);
 	h->st.live_blocks += (uint64_t)LD(d->live);
-	if (h->st.allocated + (uint64_t)d->allocated_max > h->st.allocated_peak)
+	/* Signed: the arena's count may be below zero for a while (stat_add). */
+	if ((int64_t)h->st.allocated + d->allocated_max > (int64_t)h->st.allocated_peak)
 		h->st.allocated_peak = h->st.allocated + (uint64_t)d->allocated_max;
-	if (h->st.requested + (uint64_t)d->requested_max > h->st.requested_peak)
+	if ((int64_t)h->st.requested + d->requested_max > (int64_t)h->st.requested_peak)
 		h->st.requested_peak = h->st.requested + (uint64_t)d->requested_max;
 	h->st.allocated += (uint64_t)allocated;
 	h->st.requested += (uint64_t)requested;

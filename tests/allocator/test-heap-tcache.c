@@ -213,6 +213,64 @@ TEST_BEGIN(test_miss_beside_full_bins_keeps_the_epoch)
 }
 TEST_END
 
+/* test_peak_of_blocks_freed_by_another_thread: this thread allocates N
+ * blocks from its cache (its counters hold them, not yet the arena's) and
+ * keeps them there while the main thread frees them. */
+static emm_addr_t handed[N];
+static atomic_int hand_phase;
+
+static void *thread_cached_allocs(void *arg)
+{
+	emm_heap_t *h = arg;
+
+	for (unsigned i = 0; i < N; i++)
+		handed[i] = xalloc(h, 64 * KIB, 0);
+	for (unsigned i = 0; i < N; i++)
+		xfree(handed[i], 0); /* N frees: the epoch closes, the blocks go to the bins */
+	for (unsigned i = 0; i < N; i++)
+		handed[i] = xalloc(h, 64 * KIB, 0); /* cache hits: counted in this thread's delta */
+	atomic_store(&hand_phase, 1);
+	while (atomic_load(&hand_phase) != 2)
+		sched_yield();
+	return NULL;
+}
+
+/* Another thread's frees reach the arena's counters before the allocations
+ * they free (still in the allocating thread's cache): the arena's allocated
+ * bytes are below zero for a while. The peaks must not read that as a huge
+ * unsigned number (they did: 2^64 - 1 MiB in test-stress's thread-cache
+ * runs, 4 of 10). */
+TEST_BEGIN(test_peak_of_blocks_freed_by_another_thread)
+{
+	emm_heap_t *h = setup(true, SIZE_MAX, EMM_FREE_MODE_FENCE);
+	pthread_t t;
+	assert_ptr_not_null(h);
+
+	atomic_store(&hand_phase, 0);
+	assert_int_eq(pthread_create(&t, NULL, thread_cached_allocs, h), 0);
+	while (atomic_load(&hand_phase) != 1)
+		sched_yield();
+	/* Into this thread's cache (same arena): N frees close its epoch,
+	 * which adds its counters (-N blocks) to the arena's. */
+	for (unsigned i = 0; i < N; i++)
+		xfree(handed[i], 0);
+	/* Another size class: the arena's own path, which raises its peak. */
+	emm_addr_t b = xalloc(h, 4 * KIB, 0);
+	struct emm_stats st = heap_stats(h);
+	expect_u64_eq(st.live_blocks, 1);
+	expect_u64_eq(st.allocated_bytes, 4 * KIB);
+	expect_true(st.allocated_bytes_peak <= st.reserved_bytes_peak);
+	expect_true(st.requested_bytes_peak <= st.reserved_bytes_peak);
+	xfree(b, 0);
+	atomic_store(&hand_phase, 2);
+	pthread_join(t, NULL);
+	st = heap_stats(h);
+	expect_u64_eq(st.allocated_bytes, 0);
+	expect_true(st.allocated_bytes_peak <= st.reserved_bytes_peak);
+	teardown(h);
+}
+TEST_END
+
 /* The thread of test_pressure_refills_the_cache: N/2 pairs' frees pending,
  * then an allocation that finds them (the close), then, once the main
  * thread holds the arena lock, the rest of them. */
@@ -444,6 +502,7 @@ int main(void)
 {
 	return emm_test_run(test_reuse_after_the_thread_epoch_closes, test_nonblocking_stream_waits_for_the_events,
 	                    test_pressure_closes_the_thread_epoch, test_miss_beside_full_bins_keeps_the_epoch,
+	                    test_peak_of_blocks_freed_by_another_thread,
 	                    test_pressure_refills_the_cache, test_capture_keeps_the_epoch_open,
 	                    test_double_free_of_a_cached_block,
 	                    test_stream_mode_reuses_at_once, test_release_idle_flushes_the_cache,

@@ -164,10 +164,11 @@ static void *housekeeper(void *arg)
 	return NULL;
 }
 
-static void run(enum emm_free_mode mode, size_t release_threshold, unsigned arenas, size_t capacity)
+static void run(enum emm_free_mode mode, size_t release_threshold, unsigned arenas, size_t capacity, bool tcache)
 {
 	struct emm_heap_params p;
 	emm_heap_params_default(&p);
+	p.thread_cache = tcache;
 	p.free_mode = mode;
 	p.release_threshold = release_threshold;
 	p.arenas = arenas;
@@ -200,12 +201,14 @@ static void run(enum emm_free_mode mode, size_t release_threshold, unsigned aren
 	expect_u64_eq(st.requested_bytes, 0);
 	expect_u64_eq(st.allocs, st.frees);
 	expect_u64_eq(st.reserved_bytes, src.used);
+	expect_true(st.allocated_bytes_peak <= st.reserved_bytes_peak);
+	expect_true(st.requested_bytes_peak <= st.allocated_bytes_peak);
 	fprintf(stderr,
-	        "  mode %d, %u arenas, %zu MiB: %llu allocs, hits %llu, misses %llu, epochs %llu, stream "
+	        "  mode %d%s, %u arenas, %zu MiB: %llu allocs, hits %llu, misses %llu, epochs %llu, stream "
 	        "waits %llu, "
 	        "oom retries %llu, %ld unchecked, backend %llu/%llu, peak reserved %llu MiB, peak allocated "
 	        "%llu MiB\n",
-	        (int)mode, arenas, capacity >> 20, (unsigned long long)st.allocs, (unsigned long long)st.hits,
+	        (int)mode, tcache ? " (thread cache)" : "", arenas, capacity >> 20, (unsigned long long)st.allocs, (unsigned long long)st.hits,
 	        (unsigned long long)st.misses, (unsigned long long)st.epochs_closed,
 	        (unsigned long long)st.stream_waits, (unsigned long long)st.oom_retries,
 	        atomic_load(&unchecked), (unsigned long long)st.backend_allocs,
@@ -222,26 +225,41 @@ static void run(enum emm_free_mode mode, size_t release_threshold, unsigned aren
 
 TEST_BEGIN(test_stress_fence)
 {
-	run(EMM_FREE_MODE_FENCE, SIZE_MAX, 8, 2048 * MIB);
+	run(EMM_FREE_MODE_FENCE, SIZE_MAX, 8, 2048 * MIB, false);
 }
 TEST_END
 
 TEST_BEGIN(test_stress_strict_release)
 {
-	run(EMM_FREE_MODE_STRICT, 32 * MIB, 1, 2048 * MIB);
+	run(EMM_FREE_MODE_STRICT, 32 * MIB, 1, 2048 * MIB, false);
 }
 TEST_END
 
 TEST_BEGIN(test_stress_stream)
 {
-	run(EMM_FREE_MODE_STREAM, 0, 4, 2048 * MIB);
+	run(EMM_FREE_MODE_STREAM, 0, 4, 2048 * MIB, false);
 }
 TEST_END
 
 /* Tight memory: allocations fail and recover across arenas concurrently. */
 TEST_BEGIN(test_stress_oom)
 {
-	run(EMM_FREE_MODE_FENCE, SIZE_MAX, 4, 160 * MIB);
+	run(EMM_FREE_MODE_FENCE, SIZE_MAX, 4, 160 * MIB, false);
+}
+TEST_END
+
+/* The same with the per-thread cache (EMM_THREAD_CACHE=1): blocks a thread
+ * frees wait in its own epoch and bins; four arenas for eight threads, so
+ * two threads share each arena (and free into each other's). */
+TEST_BEGIN(test_stress_tcache)
+{
+	run(EMM_FREE_MODE_FENCE, SIZE_MAX, 4, 2048 * MIB, true);
+}
+TEST_END
+
+TEST_BEGIN(test_stress_tcache_oom)
+{
+	run(EMM_FREE_MODE_FENCE, SIZE_MAX, 4, 160 * MIB, true);
 }
 TEST_END
 
@@ -255,7 +273,7 @@ int main(void)
 	if (!shadow)
 		return 1;
 	int r = emm_test_run(test_stress_fence, test_stress_strict_release, test_stress_stream,
-	                     test_stress_oom, NULL);
+	                     test_stress_oom, test_stress_tcache, test_stress_tcache_oom, NULL);
 	free((void *)shadow);
 	return r;
 }
