@@ -213,6 +213,21 @@ TEST_BEGIN(test_miss_beside_full_bins_keeps_the_epoch)
 }
 TEST_END
 
+/* The two-thread tests' handshake: a phase word each side moves on. */
+static void phase_wait(atomic_int *phase, int v)
+{
+	while (atomic_load(phase) != v)
+		sched_yield();
+}
+
+/* Start fn(h) on a thread and wait until it reaches phase 1. */
+static void start_at_phase_1(pthread_t *t, void *(*fn)(void *), emm_heap_t *h, atomic_int *phase)
+{
+	atomic_store(phase, 0);
+	assert_int_eq(pthread_create(t, NULL, fn, h), 0);
+	phase_wait(phase, 1);
+}
+
 /* test_peak_of_blocks_freed_by_another_thread: this thread allocates N
  * blocks from its cache (its counters hold them, not yet the arena's) and
  * keeps them there while the main thread frees them. */
@@ -230,8 +245,7 @@ static void *thread_cached_allocs(void *arg)
 	for (unsigned i = 0; i < N; i++)
 		handed[i] = xalloc(h, 64 * KIB, 0); /* cache hits: counted in this thread's delta */
 	atomic_store(&hand_phase, 1);
-	while (atomic_load(&hand_phase) != 2)
-		sched_yield();
+	phase_wait(&hand_phase, 2);
 	return NULL;
 }
 
@@ -239,17 +253,14 @@ static void *thread_cached_allocs(void *arg)
  * they free (still in the allocating thread's cache): the arena's allocated
  * bytes are below zero for a while. The peaks must not read that as a huge
  * unsigned number (they did: 2^64 - 1 MiB in test-stress's thread-cache
- * runs, 4 of 10). */
+ * runs, 6 of 8). */
 TEST_BEGIN(test_peak_of_blocks_freed_by_another_thread)
 {
 	emm_heap_t *h = setup(true, SIZE_MAX, EMM_FREE_MODE_FENCE);
 	pthread_t t;
 	assert_ptr_not_null(h);
 
-	atomic_store(&hand_phase, 0);
-	assert_int_eq(pthread_create(&t, NULL, thread_cached_allocs, h), 0);
-	while (atomic_load(&hand_phase) != 1)
-		sched_yield();
+	start_at_phase_1(&t, thread_cached_allocs, h, &hand_phase);
 	/* Into this thread's cache (same arena): N frees close its epoch,
 	 * which adds its counters (-N blocks) to the arena's. */
 	for (unsigned i = 0; i < N; i++)
@@ -287,8 +298,7 @@ static void *thread_lifo(void *arg)
 		xfree(a[i], 0);
 	a[0] = xalloc(h, 64 * KIB, 0); /* closes the thread's epoch */
 	atomic_store(&lifo_phase, 1);
-	while (atomic_load(&lifo_phase) != 2)
-		sched_yield();
+	phase_wait(&lifo_phase, 2);
 	for (unsigned i = 1; i < N / 2; i++)
 		a[i] = xalloc(h, 64 * KIB, 0); /* from the cache: no lock */
 	atomic_store(&lifo_phase, 3);
@@ -303,10 +313,7 @@ TEST_BEGIN(test_pressure_refills_the_cache)
 	pthread_t t;
 	assert_ptr_not_null(h);
 
-	atomic_store(&lifo_phase, 0);
-	assert_int_eq(pthread_create(&t, NULL, thread_lifo, h), 0);
-	while (atomic_load(&lifo_phase) != 1)
-		sched_yield();
+	start_at_phase_1(&t, thread_lifo, h, &lifo_phase);
 	expect_u64_eq(fence.records, 1);
 	/* With the arena locked the thread's next N/2 - 1 allocations still
 	 * complete: the close gave its blocks back to the thread's cache, not
