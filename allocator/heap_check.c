@@ -62,7 +62,9 @@ static int check_pages(struct arena *h, struct emm_segment *s)
 	return 0;
 }
 
-static int check_locked(struct arena *h)
+/* `c`: the arena's counters with every thread cache's own added (blocks
+ * a cache handed out are live, the ones it holds free). */
+static int check_locked(struct arena *h, const struct heap_counters *c)
 {
 	uint64_t allocated = 0, requested = 0, pending = 0, reserved = 0, live = 0, segments = 0;
 	size_t ready[NPOOLS][2] = {{0, 0}, {0, 0}}, npending = 0, nidle = 0; /* [pool][keyed] */
@@ -222,16 +224,16 @@ static int check_locked(struct arena *h)
 			nidle--;
 	CHECK(nidle == 0, "idle list and idle flags disagree");
 
-	CHECK(allocated == h->st.allocated, "allocated bytes %llu, counter %llu",
-	      (unsigned long long)allocated, (unsigned long long)h->st.allocated);
-	CHECK(requested == h->st.requested, "requested bytes %llu, counter %llu",
-	      (unsigned long long)requested, (unsigned long long)h->st.requested);
+	CHECK(allocated == c->allocated, "allocated bytes %llu, counter %llu", (unsigned long long)allocated,
+	      (unsigned long long)c->allocated);
+	CHECK(requested == c->requested, "requested bytes %llu, counter %llu", (unsigned long long)requested,
+	      (unsigned long long)c->requested);
 	CHECK(pending == h->st.pending, "pending bytes %llu, counter %llu", (unsigned long long)pending,
 	      (unsigned long long)h->st.pending);
 	CHECK(reserved == h->st.reserved, "reserved bytes %llu, counter %llu", (unsigned long long)reserved,
 	      (unsigned long long)h->st.reserved);
-	CHECK(live == h->st.live_blocks, "live blocks %llu, counter %llu", (unsigned long long)live,
-	      (unsigned long long)h->st.live_blocks);
+	CHECK(live == c->live_blocks, "live blocks %llu, counter %llu", (unsigned long long)live,
+	      (unsigned long long)c->live_blocks);
 	CHECK(segments == h->st.segments, "segments %llu, counter %llu", (unsigned long long)segments,
 	      (unsigned long long)h->st.segments);
 	return 0;
@@ -243,11 +245,15 @@ int emm_heap_check(emm_heap_t *heap)
 
 	if (!heap)
 		return -EINVAL;
+	emm_tcache_stats_begin();
 	for (unsigned i = 0; i < heap->narenas && r == 0; i++) {
 		struct arena *h = heap->arenas[i];
 		arena_lock(h);
-		r = check_locked(h);
+		struct heap_counters merged = h->st;
+		(void)emm_tcache_add_counters(h, &merged);
+		r = check_locked(h, &merged);
 		arena_unlock(h);
 	}
+	emm_tcache_stats_end();
 	return r;
 }

@@ -293,13 +293,15 @@ static void check_counters(emm_heap_t *h)
 		VIOLATION("emm_heap_check failed");
 }
 
-TEST_BEGIN(test_model_mixed)
+static void model_mixed(bool tcache)
 {
+	violations = 0;
 	const long OPS = 1200000;
 	struct emm_heap_params p;
 	emm_heap_params_default(&p);
 	p.roundup_divisions = 0;
 	p.max_split = 128 * MIB; /* exercise the oversize rules */
+	p.thread_cache = tcache;
 	emm_heap_t *h = NULL;
 	assert_int_eq(fake_heap_create(&p, &src, 3 * GIB, &fence, &h), 0);
 	live_arr = calloc(MAX_LIVE + 1, sizeof(*live_arr));
@@ -431,6 +433,18 @@ TEST_BEGIN(test_model_mixed)
 	fake_src_fini(&src);
 	fake_fence_fini(&fence);
 }
+
+TEST_BEGIN(test_model_mixed)
+{
+	model_mixed(false);
+}
+TEST_END
+
+/* The same with the per-thread cache (EMM_THREAD_CACHE=1). */
+TEST_BEGIN(test_model_mixed_tcache)
+{
+	model_mixed(true);
+}
 TEST_END
 
 /* --- run B: the fence rule -------------------------------------------------- */
@@ -481,11 +495,13 @@ static long freed_check_reuse(emm_addr_t addr, size_t size, size_t max_done)
 	return n_reused;
 }
 
-TEST_BEGIN(test_model_fence_rule)
+static void model_fence_rule(bool tcache)
 {
+	violations = 0;
 	const long OPS = 300000;
 	struct emm_heap_params p;
 	emm_heap_params_default(&p);
+	p.thread_cache = tcache;
 	emm_heap_t *h = NULL;
 	assert_int_eq(fake_heap_create(&p, &src, 1 * GIB, &fence, &h), 0);
 	live_arr = calloc(MAX_LIVE + 1, sizeof(*live_arr));
@@ -556,11 +572,24 @@ TEST_BEGIN(test_model_fence_rule)
 	fake_src_fini(&src);
 	fake_fence_fini(&fence);
 }
+
+TEST_BEGIN(test_model_fence_rule)
+{
+	model_fence_rule(false);
+}
+TEST_END
+
+/* The same with the per-thread cache (EMM_THREAD_CACHE=1). */
+TEST_BEGIN(test_model_fence_rule_tcache)
+{
+	model_fence_rule(true);
+}
 TEST_END
 
 int main(void)
 {
-	int r = emm_test_run(test_model_mixed, test_model_fence_rule, NULL);
+	int r = emm_test_run(test_model_mixed, test_model_fence_rule, test_model_mixed_tcache,
+	                     test_model_fence_rule_tcache, NULL);
 	while (shadow_free) {
 		struct shadow *s = shadow_free;
 		shadow_free = s->next;
