@@ -295,8 +295,11 @@ int emm_heap_last_fence(emm_heap_t *heap, uint64_t *ret_event);
 /*
  * Walk every segment and verify: blocks tile the segment, neighbour links
  * agree, no two adjacent free blocks of the same state and stream, every
- * free block is in exactly the right tree or fence list, counters match.
- * Returns 0, or -EFAULT after logging the first violation.
+ * free block is in exactly the right tree or fence list, counters match
+ * (with every thread cache's own counters added). A thread allocating or
+ * freeing through its cache meanwhile may make the counters disagree: call
+ * it with the heap quiet, as the tests do. Returns 0, or -EFAULT after
+ * logging the first violation.
  */
 int emm_heap_check(emm_heap_t *heap);
 
