@@ -46,6 +46,10 @@ static void usage(FILE *out)
 		"                        Line,Time,Thread,Action,Size,Requested,Allocated,Reserved\n"
 		"  --one-thread          replay every event on one thread (default: one replay thread per\n"
 		"                        traced thread, taking turns in trace order)\n"
+		"  --fences LAG          simulate the GPU's event fences, as libemm has on a device: an event\n"
+		"                        completes LAG replayed events after it is recorded (0: at once, an\n"
+		"                        idle GPU), so synchronous frees wait in epochs (EMM_EPOCH_BLOCKS,\n"
+		"                        EMM_EPOCH_BYTES). Without it a free is reusable at once\n"
 		"  --version, -h/--help\n"
 		"\n"
 		"Exit status: 0 replayed, 1 an allocation failed that the trace had succeed (the event is\n"
@@ -313,7 +317,8 @@ int main(int argc, char **argv)
 	static char buffers[MAX_SETTINGS][1024];
 	size_t ncompare = 0;
 	uint64_t capacity = 0, step = 2 * MIB;
-	bool find_min = false, one_thread = false, comparing = false;
+	bool find_min = false, one_thread = false, comparing = false, fences = false;
+	uint64_t fence_lag = 0;
 	struct replay_trace trace;
 	struct replayer *rp;
 	struct replay_result res;
@@ -339,6 +344,18 @@ int main(int argc, char **argv)
 			find_min = true;
 		} else if (strcmp(a, "--one-thread") == 0) {
 			one_thread = true;
+		} else if (strcmp(a, "--fences") == 0) {
+			const char *v = i + 1 < argc ? argv[++i] : NULL;
+			char *end = NULL;
+			unsigned long long lag = v && *v >= '0' && *v <= '9' ? strtoull(v, &end, 10) : 0;
+
+			if (!end || *end != '\0' || lag > (1ull << 40)) {
+				fprintf(stderr, "emm-replay: error: --fences wants a number of events (0 or more), "
+					"not '%s'\n", v ? v : "");
+				return 2;
+			}
+			fences = true;
+			fence_lag = lag;
 		} else if (strcmp(a, "--timeline") == 0) {
 			if (i + 1 >= argc) {
 				fprintf(stderr, "emm-replay: error: --timeline wants a file (- for stdout)\n");
@@ -391,6 +408,10 @@ int main(int argc, char **argv)
 	for (size_t i = 0; i < ncompare; i++)
 		if (setting_parse(compare_texts[i], &settings[i], buffers[i], sizeof(buffers[i])) < 0)
 			return 2;
+	for (size_t i = 0; i < (ncompare ? ncompare : 1); i++) {
+		settings[i].setup.fences = fences;
+		settings[i].setup.fence_lag = fence_lag;
+	}
 
 	if (replay_trace_load(trace_path, &trace, err, sizeof(err)) < 0) {
 		fprintf(stderr, "emm-replay: error: %s\n", err);

@@ -97,6 +97,11 @@ void replay_print_report(FILE *out, const struct replay_trace *t, const struct r
 			(unsigned long long)r->stats.segment_grows,
 			replay_format_size(r->stats.grown_bytes_total, g, sizeof(g)));
 	}
+	if (r->fences)
+		fprintf(out, "fences           %llu epochs closed, %llu events recorded, %llu stream waits "
+			     "(simulated: an event completes %llu events after its record)\n",
+			(unsigned long long)r->stats.epochs_closed, (unsigned long long)r->stats.events_recorded,
+			(unsigned long long)r->stats.stream_waits, (unsigned long long)r->fence_lag);
 	fprintf(out, "cache            %llu hits, %llu misses, %llu splits, %llu merges, %llu OOM retries\n",
 		(unsigned long long)r->stats.hits, (unsigned long long)r->stats.misses,
 		(unsigned long long)r->stats.splits, (unsigned long long)r->stats.merges,

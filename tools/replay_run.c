@@ -22,6 +22,7 @@
 
 #include "allocator/backend_loader.h"
 #include "allocator/heap_options.h"
+#include "tools/replay_fence.h"
 #include "tools/replay_pages.h"
 #include "tools/replay_snapshot.h"
 
@@ -44,6 +45,7 @@ struct run {
 	uint64_t requested;	/* live bytes as asked */
 	struct replay_pages *sim; /* EMM_BACKEND=vmm: the simulated device, checked */
 	size_t violation_index;   /* the event after which it saw a violation */
+	struct replay_fence *fence; /* --fences: the simulated device's clock, or NULL */
 };
 
 struct replayer {
@@ -164,6 +166,8 @@ static void replay_event(struct run *run, size_t i)
 		run->stop = true;
 	}
 	observe(run, i);
+	if (run->fence)
+		replay_fence_tick(run->fence);
 }
 
 static void *worker_main(void *arg)
@@ -348,11 +352,15 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 	struct emm_segment_pages pages;
 	struct replay_pages *sim = NULL;
 	struct run run = {.trace = t, .res = res};
+	struct replay_fence fence;
+	struct emm_fence_ops fops;
 	double t0;
 	int r;
 
 	memset(res, 0, sizeof(*res));
 	res->ok = true;
+	res->fences = setup->fences;
+	res->fence_lag = setup->fence_lag;
 	res->stats.struct_size = sizeof(res->stats);
 	run.addr = calloc(t->count ? t->count : 1, sizeof(*run.addr));
 	if (!run.addr || (setup->timeline && alloc_timeline(res, t->count) < 0)) {
@@ -388,7 +396,11 @@ int replayer_run(struct replayer *rp, const struct replay_setup *setup, struct r
 	/* Segment sizes the device cannot hold are cut as libemm cuts them. */
 	if (dev_total)
 		emm_heap_params_fit(&params, dev_total);
-	r = emm_heap_create_paged(&params, &src, sim ? &pages : NULL, NULL, 0, &run.heap);
+	if (setup->fences) {
+		fops = replay_fence_ops(&fence, setup->fence_lag);
+		run.fence = &fence;
+	}
+	r = emm_heap_create_paged(&params, &src, sim ? &pages : NULL, run.fence ? &fops : NULL, 0, &run.heap);
 	if (r < 0) {
 		snprintf(err, err_size, "cannot create the heap (%s)", strerror(-r));
 		goto close;

@@ -36,6 +36,8 @@ struct replay_setup {
 	uint64_t capacity;	     /* hostsim's capacity= (appended); 0: the backend's default */
 	bool timeline;		     /* keep per-event bytes in the result */
 	const char *snapshot;	     /* write a memory snapshot here at the end (NULL: none) */
+	bool fences;		     /* simulated fences (replay_fence.h); false: frees reusable at once */
+	uint64_t fence_lag;	     /* with fences: an event completes this many events later */
 };
 
 struct replay_result {
@@ -51,6 +53,8 @@ struct replay_result {
 	uint64_t peak_requested, peak_allocated, peak_reserved;
 	uint64_t reserved_at_peak;  /* reserved bytes when allocated first hit its peak */
 	struct emm_stats stats;	    /* the heap's counters at the end of the run */
+	bool fences;		    /* the setup's */
+	uint64_t fence_lag;
 	uint64_t calls;		    /* allocator calls made (alloc and free) */
 	double call_seconds;	    /* time spent inside them */
 	double wall_seconds;	    /* the whole run, thread hand-overs included */
