@@ -280,12 +280,19 @@ static int free_taken(struct emm_block *b, emm_stream_t stream, size_t *ret_requ
 	return 0;
 }
 
+/* A free of addr that starts no live block: inside our memory (a double
+ * free, an interior pointer) it is refused, never passed on; else not ours. */
+static int free_of_no_block(emm_addr_t addr)
+{
+	return emm_segmap_find(addr, NULL, NULL, NULL) == 0 ? -EINVAL : -ENOENT;
+}
+
 int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 {
 	struct emm_block *b = emm_blockmap_take(addr);
 
 	if (EMM_UNLIKELY(!b))
-		return emm_segmap_find(addr, NULL, NULL, NULL) == 0 ? -EINVAL : -ENOENT;
+		return free_of_no_block(addr);
 	return free_taken(b, stream, ret_requested);
 }
 
@@ -320,7 +327,7 @@ int emm_heap_free_if(emm_addr_t addr, emm_stream_t stream, bool (*accept)(const 
 	 * is refused here, never passed on. */
 	if (emm_heap_find_block(addr, &range) == 0 && !accept(range.heap, arg))
 		return -EXDEV;
-	return emm_segmap_find(addr, NULL, NULL, NULL) == 0 ? -EINVAL : -ENOENT;
+	return free_of_no_block(addr);
 }
 
 emm_heap_t *emm_heap_of_block(emm_addr_t addr)

@@ -16,9 +16,8 @@
 #include "allocator/heap.h"
 
 struct replay_fence {
-	uint64_t clock;    /* events replayed so far */
-	uint64_t lag;      /* events from a record to its completion */
-	uint64_t recorded; /* events recorded (the report's count) */
+	uint64_t clock; /* events replayed so far */
+	uint64_t lag;   /* events from a record to its completion */
 };
 
 /* The ops over f (which must outlive the heap). */
