@@ -8,6 +8,9 @@ steps_per_s and peak_nvml_gib, grouped by variant, medians over the rounds.
 
 BASE: the variant the others' steps/s are divided by; EXTRA: the key whose
 value each round is listed too (a loss, a checksum: equal results).
+Where rounds carry allocs_per_step and alloc_us (cupy_bench.py
+--alloc-pairs), a second table gives each variant's allocator time in a
+step and the most that a free allocator would gain over BASE.
 """
 import collections
 import statistics
@@ -36,6 +39,25 @@ def main():
         print("| %s%s | %.2f | %s | %.2f | %s | %s |" % (
             name, served, sps, "%.2fx" % (sps / ref) if ref else "-", median(rs, "peak_nvml_gib"),
             " ".join(r.get(extra, "?") for r in rs), " ".join(r["steps_per_s"] for r in rs)))
+
+    cost = [(name, rs) for name, rs in rows.items() if all("alloc_us" in r for r in rs)]
+    if not cost:
+        return
+    print()
+    print("| variant | allocations a step | us an allocation and release (each round) | allocator us of a step |"
+          " share of the step | a free allocator's best vs %s |" % base)
+    print("|---|---|---|---|---|---|")
+    base_rs = rows.get(base)
+    base_step = 1e6 / ref if ref else None
+    for name, rs in cost:
+        per_step = median(rs, "allocs_per_step") * median(rs, "alloc_us")
+        step_us = 1e6 / median(rs, "steps_per_s")
+        best = "-"
+        if base_step and base_rs and all("alloc_us" in r for r in base_rs) and name == base:
+            best = "%.2fx" % (base_step / (base_step - per_step))
+        print("| %s | %.1f | %.3f (%s) | %.1f | %.1f %% | %s |" % (
+            name, median(rs, "allocs_per_step"), median(rs, "alloc_us"), " ".join(r["alloc_us"] for r in rs),
+            per_step, 100.0 * per_step / step_us, best))
 
 
 if __name__ == "__main__":

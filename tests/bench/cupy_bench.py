@@ -9,7 +9,7 @@ expressions, a reduction, a matmul, slicing copies), on one non-blocking
 stream, synchronizing every 10 steps. The allocator decides how fast that
 runs; the kernels are small.
 
-    python3 cupy_bench.py VARIANT [--steps N]
+    python3 cupy_bench.py VARIANT [--steps N] [--alloc-pairs N]
 
 VARIANT names how CuPy allocates:
     pool     CuPy's default MemoryPool (and pinned pool)
@@ -17,8 +17,15 @@ VARIANT names how CuPy allocates:
              (run it under LD_PRELOAD=libemm.so for libemm's variant)
     async    cupy.cuda.MemoryAsyncPool (cudaMallocAsync on CUDA's pool)
 
+--alloc-pairs N then measures what the allocator costs the step: the
+allocations one step makes (counted through a wrapper for 50 more steps)
+and the microseconds of one cupy.cuda.alloc and its release, over N pairs
+of the workload's sizes with 8 kept live (the Python call included, as
+every array pays it).
+
 Prints one line:
     CUPY variant=NAME steps=N steps_per_s=X peak_nvml_gib=Y checksum=Z [emm_allocs=K]
+         [allocs_per_step=A alloc_us=U]
 Exit 77 without CuPy or a GPU.
 """
 import argparse
@@ -49,10 +56,38 @@ def emm_allocs():
     return st.allocs
 
 
+def alloc_cost(cupy, step, pairs):
+    """(allocations per step, microseconds per allocation and release)."""
+    current = cupy.cuda.get_allocator()
+    count = [0]
+
+    def counting(nbytes):
+        count[0] += 1
+        return current(nbytes)
+
+    cupy.cuda.set_allocator(counting)
+    for i in range(50):
+        step(i)
+    cupy.cuda.get_current_stream().synchronize()
+    cupy.cuda.set_allocator(current)
+    # The workload's sizes: vectors of 4096-53248 floats, 64-448 square matrices.
+    sizes = [4 * 4096 * k for k in range(1, 14)] + [4 * (64 * k) ** 2 for k in range(1, 8)]
+    live = [None] * 8
+    for i in range(1000):  # warm: the pool or libemm holds these sizes
+        live[i % 8] = cupy.cuda.alloc(sizes[i % len(sizes)])
+    t0 = time.perf_counter()
+    for i in range(pairs):
+        live[i % 8] = cupy.cuda.alloc(sizes[(i * 7) % len(sizes)])
+    dt = time.perf_counter() - t0
+    live.clear()
+    return count[0] / 50.0, dt / pairs * 1e6
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("variant", choices=["pool", "nopool", "async"])
     ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--alloc-pairs", type=int, default=0)
     args = ap.parse_args()
     try:
         import cupy
@@ -108,6 +143,9 @@ def main():
         peak = finish()
     after = emm_allocs()
     extra = " emm_allocs=%d" % (after - before) if before is not None and after is not None else ""
+    if args.alloc_pairs > 0:
+        with stream:
+            extra += " allocs_per_step=%.1f alloc_us=%.3f" % alloc_cost(cupy, step, args.alloc_pairs)
     print("CUPY variant=%s steps=%d steps_per_s=%.3f peak_nvml_gib=%.3f checksum=%.6e%s"
           % (os.environ.get("CUPY_BENCH_NAME", args.variant), args.steps, args.steps / dt, peak / 2**30, total,
              extra))

@@ -14,7 +14,9 @@
 #   emm-nopool    set_allocator(None) under LD_PRELOAD=libemm.so
 #   nopool        set_allocator(None) without libemm (every array a cudaMalloc)
 # CUPY_VARIANTS overrides the list (names above); "emm-nopool+EMM_X=V+..."
-# is emm-nopool with libemm settings of its own.
+# is emm-nopool with libemm settings of its own. CUPY_ALLOC_PAIRS=N adds
+# what the allocator costs a step (cupy_bench.py --alloc-pairs N): a second
+# table, with the most a free allocator could gain over CuPy's pool.
 # Exit 77 without CuPy or a GPU.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -32,6 +34,7 @@ run() { # NAME VARIANT ENV...
 	shift 2
 	err="$tmp/err-${name//\//_}.txt" # a setting may name a path
 	env -u LD_PRELOAD CUPY_BENCH_NAME="$name" "$@" python3 "$here/cupy_bench.py" "$variant" --steps "$steps" \
+		${CUPY_ALLOC_PAIRS:+--alloc-pairs "$CUPY_ALLOC_PAIRS"} \
 		>>"$tmp/out.txt" 2>"$err"
 	local rc=$?
 	if [ $rc -eq 77 ]; then
