@@ -50,40 +50,14 @@ unsigned emm_heap_debug_lock_depth(void)
 
 /* --- the arena lock's slow path and its waits ------------------------------ */
 
-/* How many pauses a waiter spins before it sleeps. While fewer threads have
- * allocated than there are CPUs, the holder is almost surely running and
- * about to unlock, and a sleep and its wake cost more than the wait: the
- * long spin (16 threads on 32 CPUs, 512 pauses against 64: 1.05x, RESULTS.md
- * section 32). With as many threads as CPUs or more, a waiter may spin
- * against a holder that is not running (2 CPUs: 512 pauses made waiting
- * threads 2-3x slower), so it sleeps after the short one. A thread counts
- * from its first allocation on; the CPUs are those the process may use. -DEMM_ARENA_SPINS=N and
- * -DEMM_ARENA_SPINS_LONG=N set them for a measurement. */
+/* -DEMM_ARENA_SPINS=N, -DEMM_ARENA_YIELDS=N: other waits, for a measurement */
 #ifndef EMM_ARENA_SPINS
-#define EMM_ARENA_SPINS 64
+#define EMM_ARENA_SPINS 64 /* pauses before a waiter sleeps: longer than most sections */
 #endif
-#ifndef EMM_ARENA_SPINS_LONG
-#define EMM_ARENA_SPINS_LONG 512
+#ifndef EMM_ARENA_YIELDS
+#define EMM_ARENA_YIELDS 0 /* then yields of the CPU before it sleeps */
 #endif
 #define ARENA_NAP_NS 50000 /* the longest sleep: bounds a wake lost to a fast unlock */
-
-unsigned emm_arena_spins(void)
-{
-	static atomic_long cpus;
-	long c = atomic_load_explicit(&cpus, memory_order_relaxed);
-
-	if (EMM_UNLIKELY(c == 0)) {
-		/* The CPUs the process may run on (a container's cpuset, taskset),
-		 * not every online one. */
-		cpu_set_t set;
-		c = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : sysconf(_SC_NPROCESSORS_ONLN);
-		if (c < 1)
-			c = 1;
-		atomic_store_explicit(&cpus, c, memory_order_relaxed);
-	}
-	return (long)atomic_load_explicit(&thread_rr, memory_order_relaxed) < c ? EMM_ARENA_SPINS_LONG
-	                                                                        : EMM_ARENA_SPINS;
-}
 
 static void futex_wait(atomic_int *word, int val)
 {
@@ -94,12 +68,15 @@ static void futex_wait(atomic_int *word, int val)
 
 void emm_arena_lock_slow(struct arena *h)
 {
-	for (unsigned n = 0, spins = emm_arena_spins(); n < spins; n++) {
+	for (unsigned n = 0; n < EMM_ARENA_SPINS + EMM_ARENA_YIELDS; n++) {
 		int z = 0;
 		if (atomic_load_explicit(&h->lock, memory_order_relaxed) == 0 &&
 		    atomic_compare_exchange_weak_explicit(&h->lock, &z, 1, memory_order_acquire, memory_order_relaxed))
 			return;
-		emm_cpu_relax();
+		if (n < EMM_ARENA_SPINS)
+			emm_cpu_relax();
+		else
+			sched_yield();
 	}
 	/* Sleep, marking the lock contended (2): its holder's unlock wakes one
 	 * sleeper. Taken this way the lock stays marked, so our own unlock

@@ -95,8 +95,7 @@ __attribute__((noreturn)) void emm_heap_lock_violation(const char *op);
  * lock is nearly always free; so its unlock, uncontended, is a load and a
  * release store, not the atomic exchange of a pthread mutex's unlock,
  * which cost a one-thread alloc+free pair 11-21 % on the CPU test double
- * (tests/bench/RESULTS.md section 30). A waiter spins (longer while
- * fewer threads than CPUs allocate: emm_arena_spins), then
+ * (tests/bench/RESULTS.md section 30). A waiter spins a little, then
  * sleeps on the futex (emm_arena_lock_slow, heap.c), as glibc's adaptive
  * mutex before it did: a lock that spun only was 2x slower when two CPUs
  * shared an arena and 2.5-3.5x slower with more threads than CPUs (section
@@ -109,8 +108,6 @@ __attribute__((noreturn)) void emm_heap_lock_violation(const char *op);
  * emm_arena_wake.
  */
 void emm_arena_lock_slow(struct arena *h);
-/* The pauses emm_arena_lock_slow spins before it sleeps (heap.c). */
-unsigned emm_arena_spins(void);
 void emm_arena_unlock_slow(struct arena *h);
 
 static inline void arena_lock(struct arena *h)

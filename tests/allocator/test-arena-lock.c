@@ -5,16 +5,13 @@
  * emm_arena_wait, emm_arena_wake) on a bare struct arena: mutual exclusion
  * under contention (exact counts; 8 threads on however many CPUs, so
  * waiters sleep on the futex and are woken), a waiter that outlasts the
- * spins and sleeps (a holder keeps it 20 ms), trylock, waits that never
- * miss a wake between the check and the wait, and the spin's length: long
- * while fewer threads than CPUs have allocated, short from then on.
+ * spins and sleeps (a holder keeps it 20 ms), trylock, and waits that never
+ * miss a wake between the check and the wait.
  */
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
-#include <unistd.h>
 
 #include "allocator/heap_internal.h"
 #include "emm_test.h"
@@ -280,40 +277,8 @@ TEST_BEGIN(test_wake_right_after_the_drop)
 }
 TEST_END
 
-static void *take_slot(void *arg)
-{
-	(void)emm_heap_thread_arena(arg); /* the thread's first allocation takes a slot */
-	return NULL;
-}
-
-/* Runs last: the threads it starts count for the rest of the process. */
-TEST_BEGIN(test_spins_follow_the_thread_count)
-{
-	cpu_set_t set;
-	long cpus = sched_getaffinity(0, sizeof(set), &set) == 0 ? CPU_COUNT(&set) : 1;
-	struct emm_heap *heap = calloc(1, sizeof(*heap));
-	assert_ptr_not_null(heap);
-	heap->narenas = 1;
-	heap->arenas[0] = arena_new();
-	assert_ptr_not_null(heap->arenas[0]);
-
-	/* No thread has allocated: fewer than the CPUs. */
-	unsigned few = emm_arena_spins();
-	for (long i = 0; i < (cpus > 0 ? cpus : 1); i++) {
-		pthread_t t;
-		assert_int_eq(pthread_create(&t, NULL, take_slot, heap), 0);
-		pthread_join(t, NULL);
-	}
-	unsigned many = emm_arena_spins();
-	expect_u64_eq(few, 512);
-	expect_u64_eq(many, 64);
-	arena_free(heap->arenas[0]);
-	free(heap);
-}
-TEST_END
-
 int main(void)
 {
 	return emm_test_run(test_mutual_exclusion, test_trylock, test_long_holder, test_wait_and_wake,
-	                    test_wake_right_after_the_drop, test_spins_follow_the_thread_count, NULL);
+	                    test_wake_right_after_the_drop, NULL);
 }
