@@ -13,7 +13,6 @@
 #include <errno.h>
 #include <pthread.h>
 #include <linux/futex.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -50,12 +49,11 @@ unsigned emm_heap_debug_lock_depth(void)
 
 /* --- the arena lock's slow path and its waits ------------------------------ */
 
-/* -DEMM_ARENA_SPINS=N, -DEMM_ARENA_YIELDS=N: other waits, for a measurement */
+/* -DEMM_ARENA_SPINS=N: another spin, for a measurement. 512 made 16 threads
+ * on 32 CPUs no faster and waiting threads on 2 CPUs 2-3x slower
+ * (tests/bench/RESULTS.md section 32, runs D6 and D7). */
 #ifndef EMM_ARENA_SPINS
 #define EMM_ARENA_SPINS 64 /* pauses before a waiter sleeps: longer than most sections */
-#endif
-#ifndef EMM_ARENA_YIELDS
-#define EMM_ARENA_YIELDS 0 /* then yields of the CPU before it sleeps */
 #endif
 #define ARENA_NAP_NS 50000 /* the longest sleep: bounds a wake lost to a fast unlock */
 
@@ -68,15 +66,12 @@ static void futex_wait(atomic_int *word, int val)
 
 void emm_arena_lock_slow(struct arena *h)
 {
-	for (unsigned n = 0; n < EMM_ARENA_SPINS + EMM_ARENA_YIELDS; n++) {
+	for (unsigned n = 0; n < EMM_ARENA_SPINS; n++) {
 		int z = 0;
 		if (atomic_load_explicit(&h->lock, memory_order_relaxed) == 0 &&
 		    atomic_compare_exchange_weak_explicit(&h->lock, &z, 1, memory_order_acquire, memory_order_relaxed))
 			return;
-		if (n < EMM_ARENA_SPINS)
-			emm_cpu_relax();
-		else
-			sched_yield();
+		emm_cpu_relax();
 	}
 	/* Sleep, marking the lock contended (2): its holder's unlock wakes one
 	 * sleeper. Taken this way the lock stays marked, so our own unlock
