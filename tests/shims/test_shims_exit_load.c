@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -222,6 +223,36 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* The stacks of every thread of a hung child, on stderr, where gdb is
+ * installed (it runs without the preload: the environment minus
+ * LD_PRELOAD); a missing gdb is said so. */
+static void dump_stacks(pid_t pid)
+{
+	char pidarg[32];
+	char *argv[] = {"gdb", "-nx", "-batch", "-p", pidarg, "-ex", "thread apply all bt", NULL};
+	char **envp;
+	size_t n = 0, k = 0;
+	pid_t g;
+	int status;
+
+	snprintf(pidarg, sizeof(pidarg), "%d", (int)pid);
+	while (environ[n])
+		n++;
+	envp = calloc(n + 1, sizeof(*envp));
+	if (!envp)
+		return;
+	for (size_t i = 0; i < n; i++)
+		if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0)
+			envp[k++] = environ[i];
+	if (posix_spawnp(&g, "gdb", NULL, NULL, argv, envp) != 0) {
+		fprintf(stderr, "(no gdb here: no stacks of the hung child)\n");
+		free(envp);
+		return;
+	}
+	free(envp);
+	waitpid(g, &status, 0);
+}
+
 /* Run one child; 0 if it exited 0 within the timeout. */
 static int run_child(const char *self, const char *mode, unsigned ms, const char *extra_env)
 {
@@ -261,6 +292,9 @@ static int run_child(const char *self, const char *mode, unsigned ms, const char
 			return -1;
 		}
 		if (now_s() - t0 > 30.0) {
+			fprintf(stderr, "%s child (exit after %u ms, %s) hung: its threads' stacks follow\n", mode, ms,
+			        extra_env ? extra_env : "-");
+			dump_stacks(pid);
 			kill(pid, SIGKILL);
 			waitpid(pid, &status, 0);
 			fprintf(stderr, "%s child (exit after %u ms, %s) hung: killed\n", mode, ms,
@@ -299,6 +333,10 @@ int main(int argc, char **argv)
 	int failed = 0, runs = 0;
 	ssize_t len;
 
+	/* A child lets the parent's gdb attach if it hangs (Yama's ptrace
+	 * scope allows only ancestors otherwise; without Yama this fails). */
+	if (argc >= 2)
+		(void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
 	if (argc == 3 && strcmp(argv[1], "child") == 0)
 		return child((unsigned)atoi(argv[2]), false);
 	if (argc == 3 && strcmp(argv[1], "late") == 0)
