@@ -223,6 +223,26 @@ static double now_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* A copy of the environment (calloc'd; the strings are shared) without
+ * the variables that start with `drop` (NULL: none), with `extra` added
+ * (NULL: none); NULL without memory. */
+static char **env_with(const char *drop, const char *extra)
+{
+	size_t n = 0, k = 0;
+	char **envp;
+
+	while (environ[n])
+		n++;
+	envp = calloc(n + 2, sizeof(*envp));
+	if (!envp)
+		return NULL;
+	for (size_t i = 0; i < n; i++)
+		if (!drop || strncmp(environ[i], drop, strlen(drop)) != 0)
+			envp[k++] = environ[i];
+	envp[k] = (char *)extra;
+	return envp;
+}
+
 /* The stacks of every thread of a hung child, on stderr, where gdb is
  * installed (it runs without the preload: the environment minus
  * LD_PRELOAD); a missing gdb is said so. */
@@ -230,26 +250,19 @@ static void dump_stacks(pid_t pid)
 {
 	char pidarg[32];
 	char *argv[] = {"gdb", "-nx", "-batch", "-p", pidarg, "-ex", "thread apply all bt", NULL};
-	char **envp;
-	size_t n = 0, k = 0;
+	char **envp = env_with("LD_PRELOAD=", NULL);
 	pid_t g;
-	int status;
+	int status, e;
 
-	snprintf(pidarg, sizeof(pidarg), "%d", (int)pid);
-	while (environ[n])
-		n++;
-	envp = calloc(n + 1, sizeof(*envp));
 	if (!envp)
 		return;
-	for (size_t i = 0; i < n; i++)
-		if (strncmp(environ[i], "LD_PRELOAD=", 11) != 0)
-			envp[k++] = environ[i];
-	if (posix_spawnp(&g, "gdb", NULL, NULL, argv, envp) != 0) {
+	snprintf(pidarg, sizeof(pidarg), "%d", (int)pid);
+	e = posix_spawnp(&g, "gdb", NULL, NULL, argv, envp);
+	free(envp);
+	if (e) {
 		fprintf(stderr, "(no gdb here: no stacks of the hung child)\n");
-		free(envp);
 		return;
 	}
-	free(envp);
 	waitpid(g, &status, 0);
 }
 
@@ -258,24 +271,18 @@ static int run_child(const char *self, const char *mode, unsigned ms, const char
 {
 	char arg[16];
 	char *argv[4];
-	char **envp;
-	size_t n = 0;
+	char **envp = env_with(NULL, extra_env);
 	pid_t pid;
 	int status = 0, e;
 	double t0;
 
+	if (!envp)
+		return -1;
 	snprintf(arg, sizeof(arg), "%u", ms);
 	argv[0] = (char *)self;
 	argv[1] = (char *)mode;
 	argv[2] = arg;
 	argv[3] = NULL;
-	while (environ[n])
-		n++;
-	envp = calloc(n + 2, sizeof(*envp));
-	if (!envp)
-		return -1;
-	memcpy(envp, environ, n * sizeof(*envp));
-	envp[n] = (char *)extra_env;
 	e = posix_spawn(&pid, self, NULL, NULL, argv, envp);
 	free(envp);
 	if (e) {
