@@ -15,7 +15,8 @@
  * heap (the block map stays shared), to tell heap sharing from the rest.
  * --working-set runs only the working-set table: each thread keeps 64 live
  * blocks of random sizes (256 B - 8 MiB, log-uniform: tests/gpu/bench-threads'
- * loop) and replaces one per iteration, on 1..16 threads sharing one heap,
+ * loop) and replaces one per iteration (--iters, default 301 000 pairs a
+ * thread; 31 000 with --quick), on 1..16 threads sharing one heap,
  * with the fence work per pair from the heap's counters; --min-threads
  * starts the doubling at N (a profile of one thread count), and --private
  * gives each thread its own heap there too.
@@ -312,7 +313,10 @@ static void *ws_loop(void *arg)
 
 static void working_set(void)
 {
-	unsigned iters = ws_iters ? ws_iters : batches * batch / 10;
+	/* Long enough for steady state: at 30 100 pairs the arenas were still
+	 * growing (RESULTS.md section 33: 16 threads 440 ns a pair there,
+	 * 297-370 at 300 000). */
+	unsigned iters = ws_iters ? ws_iters : batches * batch;
 
 	printf("Working set (%d live blocks of 256 B - 8 MiB per thread, one replaced per pair), "
 	       "%u pairs per thread, sync/fence path\n\n", WS_LIVE, iters);
