@@ -258,7 +258,7 @@ static int free_taken(struct emm_block *b, emm_stream_t stream, size_t *ret_requ
 		 * and frees nothing asks for again pay none. */
 		struct emm_fence *ep = h->open;
 		pending_add(h, ep, b);
-		if (ep->nblocks >= h->p.epoch_max_blocks || ep->bytes >= h->epoch_free_bytes)
+		if (ep->nblocks >= arena_epoch_blocks(h) || ep->bytes >= h->epoch_free_bytes)
 			emm_heap_close_epoch(h);
 	}
 	/* The threshold applies per arena. */

@@ -79,8 +79,9 @@ struct emm_heap_params {
 	bool oom_retry;		     /* on backend failure release idle segments and retry once */
 	bool hold_peak;		     /* page-granular heaps: give back idle pages before mapping past the high-water mark */
 	enum emm_free_mode free_mode;
-	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (32),
-				      * or half as many when an allocation needs its memory */
+	unsigned epoch_max_blocks;   /* close the open epoch after this many synchronous frees (64),
+				      * or half as many when an allocation needs its memory; twice
+				      * as many once 8 arenas hold memory (not page-granular heaps) */
 	unsigned epoch_max_blocks_paged; /* at most this in page-granular heaps (8): their freed blocks are
 					  * reused or their pages given back only once fenced, and the
 					  * smaller quota keeps the peak down (PyTorch's loop under vmm:

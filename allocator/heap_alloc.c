@@ -44,13 +44,13 @@ static int grow_segment(struct arena *h, unsigned pool, size_t seg_size, size_t 
  * blocks of the miss's pool among them: the close by bytes, which a
  * synchronous free no longer does below the hard bound (emm_heap_free).
  * Lock held. */
-static inline bool epoch_pressure(const struct arena *h, unsigned pool, size_t rounded)
+static inline bool epoch_pressure(struct arena *h, unsigned pool, size_t rounded)
 {
 	const struct emm_fence *ep = h->open;
 
 	if (ep->bytes >= h->p.epoch_max_bytes && ep->bytes >= rounded && ep->max_size[pool])
 		return true;
-	return ep->max_size[pool] >= rounded && ep->nblocks >= (h->p.epoch_max_blocks + 1) / 2;
+	return ep->max_size[pool] >= rounded && ep->nblocks >= (arena_epoch_blocks(h) + 1) / 2;
 }
 
 /*

@@ -54,6 +54,7 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	h->pending_limit = params->pending_limit;
 	if (h->p.epoch_max_blocks == 0)
 		h->p.epoch_max_blocks = 1;
+	atomic_init(&h->epoch_blocks, h->p.epoch_max_blocks);
 	if (h->p.epoch_max_bytes == 0)
 		h->p.epoch_max_bytes = 1;
 	/* With a release threshold a free closes by bytes at once, as before:

@@ -357,6 +357,22 @@ static void seg_recycle(struct arena *h, struct emm_segment *s)
  * and make its whole block ready-any. 0 and the block, or the source's
  * error (-ENOMEM: out of memory).
  */
+void emm_pool_note_holding(struct arena *h)
+{
+	struct emm_heap *heap = h->owner;
+	uint64_t was = atomic_fetch_or_explicit(&heap->holding, h->bit, memory_order_relaxed);
+
+	/* Bits are never cleared: one thread sees the count reach the
+	 * threshold, and widens every arena's epochs once. */
+	if ((was & h->bit) || (unsigned)__builtin_popcountll(was | h->bit) != EPOCH_WIDE_ARENAS)
+		return;
+	for (unsigned i = 0; i < heap->narenas; i++) {
+		struct arena *a = heap->arenas[i];
+		if (!a->has_remap)
+			atomic_store_explicit(&a->epoch_blocks, a->p.epoch_max_blocks * 2, memory_order_relaxed);
+	}
+}
+
 int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t stream,
                   struct emm_block **ret)
 {
@@ -400,7 +416,7 @@ int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t 
 	h->st.backend_allocs++;
 	h->st.segments++;
 	if (!(atomic_load_explicit(&h->owner->holding, memory_order_relaxed) & h->bit))
-		atomic_fetch_or_explicit(&h->owner->holding, h->bit, memory_order_relaxed);
+		emm_pool_note_holding(h);
 	stat_add(&h->st.reserved, &h->st.reserved_peak, &h->st.reserved_total, seg_size);
 	heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, (int64_t)seg_size);
 	*ret = emm_pool_block_ready(h, b, 0);

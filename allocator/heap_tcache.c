@@ -99,7 +99,7 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 		 * way's 1 per 64, RESULTS.md section 31). */
 		if (tc->pend_max < rounded ||
 		    (!tc_pressure_bytes(tc, rounded) &&
-		     (tc->ready_bytes >= rounded || tc->npend < (tc->arena->p.epoch_max_blocks + 1) / 2)))
+		     (tc->ready_bytes >= rounded || tc->npend < (arena_epoch_blocks(tc->arena) + 1) / 2)))
 			return false;
 		close_pending(tc);
 		for (pp = &tc->bins[c]; (b = *pp); pp = &b->link)
@@ -170,7 +170,7 @@ static void close_pending(struct tcache *tc)
 	 * blocks wait in the arena as before and the cache only costs; let
 	 * the next few epochs go the shared way. */
 	if (!ready)
-		tc->skip = 4 * h->p.epoch_max_blocks;
+		tc->skip = 4 * arena_epoch_blocks(h);
 	for (b = ready; b; b = next) {
 		next = b->link;
 		if (!bin_put(tc, b)) {
@@ -226,7 +226,7 @@ bool emm_tcache_free(struct emm_block *b)
 	BUMP(d->requested, -(int64_t)requested);
 	/* By bytes only at the hard bound: below it a miss that needs the
 	 * memory closes the epoch (emm_tcache_alloc, emm_tcache_pressure_locked). */
-	if (fenced && (tc->npend >= h->p.epoch_max_blocks || LD(tc->d.pend_bytes) >= h->epoch_free_bytes))
+	if (fenced && (tc->npend >= arena_epoch_blocks(h) || LD(tc->d.pend_bytes) >= h->epoch_free_bytes))
 		close_pending(tc);
 	return true;
 }
@@ -238,7 +238,7 @@ void emm_tcache_pressure_locked(struct arena *h, size_t rounded)
 	if (!tc_bound(tc, h->owner) || tc->arena != h)
 		return;
 	if (!tc_pressure_bytes(tc, rounded) &&
-	    (tc->pend_max < rounded || tc->npend < (h->p.epoch_max_blocks + 1) / 2))
+	    (tc->pend_max < rounded || tc->npend < (arena_epoch_blocks(h) + 1) / 2))
 		return;
 	emm_tc_pending_to_open(tc);
 }

@@ -206,7 +206,20 @@ struct arena {
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */
 	size_t epoch_free_bytes; /* a synchronous free closes the open epoch at these bytes */
+	/* The open epoch's quota of frees: p.epoch_max_blocks, doubled in
+	 * every arena of a heap that is not page-granular once EPOCH_WIDE_ARENAS
+	 * of its arenas hold memory (emm_pool_note_holding, heap_pool.c). The
+	 * driver serialises the event records of threads that close epochs
+	 * at once: on 16 threads, steady state, 64-free epochs made 29.2 M
+	 * pairs/s, 128-free ones 34.2 (tests/bench/RESULTS.md section 33, run
+	 * E6). Stored by the thread that crosses the threshold without this
+	 * arena's lock; read under it (arena_epoch_blocks). */
+	atomic_uint epoch_blocks;
 };
+
+/* Arenas holding memory (distinct allocating threads, in practice) from
+ * which every arena's epochs take twice the frees. */
+#define EPOCH_WIDE_ARENAS 8u
 
 /* Freed bytes close an epoch when a miss needs memory and they reach
  * p.epoch_max_bytes; a synchronous free closes it by bytes only at this

@@ -61,7 +61,7 @@ struct emm_options {
 	bool oom_retry;		   /* EMM_OOM_RETRY (on) */
 	bool hold_peak;		   /* EMM_HOLD_PEAK (on) */
 	enum emm_opt_free_mode free_mode; /* EMM_FREE_MODE: fence|strict|stream */
-	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (32) */
+	unsigned epoch_blocks;	   /* EMM_EPOCH_BLOCKS (64) */
 	size_t epoch_bytes;	   /* EMM_EPOCH_BYTES (64M) */
 	size_t pending_limit;	   /* EMM_PENDING_LIMIT (1G) */
 	bool meminfo_cached;	   /* EMM_MEMINFO_CACHED: cuMemGetInfo counts idle cache as free (on) */

@@ -146,8 +146,8 @@ static const char *const vmm_names[] = {
 	  "When a block freed without a stream may be reused: fence (epoch events), "                 \
 	  "strict (device sync like cuMemFree), stream (at once, trusting stream order)")             \
 	X(EPOCH_BLOCKS, epoch_blocks, UINT, U(64), "frees", RANGE(1, 65536),                          \
-	  "Close the open free epoch after this many synchronous frees (half as many when an "         \
-	  "allocation needs its memory; 8 when unset in page-granular heaps, EMM_BACKEND=vmm)")        \
+	  "Close the open free epoch after this many synchronous frees (half if an allocation "        \
+	  "needs its memory, twice once 8 threads' arenas hold memory; 8 if unset with EMM_BACKEND=vmm)") \
 	X(EPOCH_BYTES, epoch_bytes, SIZE, Z(64 * MIB), "bytes", FLAGS(F_NONZERO),                     \
 	  "An allocation that misses closes the open free epoch once it holds this many freed "      \
 	  "bytes; a free closes it by bytes only at 16 times this (at this with a release "           \
