@@ -19,12 +19,13 @@
 # targets for (16 threads / 1 thread; libemm / CUDA's pool at 16 threads).
 #
 # usage: tests/gpu/run-bench-threads.sh [BUILDDIR]   (build-gpu by default)
-#   ROUNDS, ITERS (300000), THREADS (1,2,4,8,16) override. CUDA's pool runs
-#   ITERS/15 iterations (it is 100-200x slower on many threads); rates are
-#   per second, so the counts compare. 50000 iterations were too few: the
-#   arenas were still growing (backend allocations, serialised in the
-#   driver) and 16 threads made 16.7 M pairs/s against 24.0 with 300000
-#   (tests/bench/RESULTS.md section 33, runs E1 and E3).
+#   ROUNDS, ITERS (1000000), THREADS (1,2,4,8,16) override. CUDA's pool runs
+#   ITERS/50 iterations (it is 100-200x slower on many threads); rates are
+#   per second, so the counts compare. Each thread warms up for a tenth of
+#   its iterations first (bench-threads). 50000 iterations and 256 warm-up
+#   pairs measured the arenas' growth (backend allocations, serialised in
+#   the driver): 16 threads made 16.7 M pairs/s there, 24.0 at 300000 and
+#   29.4 at 3 M (tests/bench/RESULTS.md section 33, runs E1, E3, E5).
 # Exit: 0, 1 if a run failed, 77 without a GPU.
 set -u
 
@@ -33,7 +34,7 @@ build=${1:-$here/../../build-gpu}
 bench=$build/tests/gpu/bench-threads
 lib=$(cd "$build" && pwd)/libemm.so
 rounds=${ROUNDS:-3}
-iters=${ITERS:-300000}
+iters=${ITERS:-1000000}
 threads=${THREADS:-1,2,4,8,16}
 
 [ -x "$bench" ] || { echo "run-bench-threads: $bench not found (-Dgpu_tests=enabled)" >&2; exit 1; }
@@ -54,7 +55,7 @@ for r in $(seq 1 "$rounds"); do
 		cuda-async) cmd=(env -u LD_PRELOAD "$bench" --api async) ;;
 		esac
 		n=$iters
-		[ $v = cuda-async ] && n=$(( iters / 15 > 0 ? iters / 15 : 1 ))
+		[ $v = cuda-async ] && n=$(( iters / 50 > 0 ? iters / 50 : 1 ))
 		# One process per thread count: threads take arenas round-robin
 		# for the life of a process, so a count run after others would
 		# start on the arenas (and the idle memory) they left behind.
@@ -66,7 +67,7 @@ for r in $(seq 1 "$rounds"); do
 	done
 done
 
-echo "bench-threads: $rounds interleaved rounds, $iters iterations per thread (CUDA's pool $(( iters / 15 > 0 ? iters / 15 : 1 ))), $(nvidia-smi -L 2>/dev/null | head -1)"
+echo "bench-threads: $rounds interleaved rounds, $iters iterations per thread (CUDA's pool $(( iters / 50 > 0 ? iters / 50 : 1 ))), $(nvidia-smi -L 2>/dev/null | head -1)"
 echo
 echo "| threads | libemm cudaMalloc, EMM_THREAD_CACHE=1 | libemm cudaMalloc, EMM_THREAD_CACHE=0 (default) | libemm cudaMallocAsync | CUDA pool cudaMallocAsync |"
 echo "|---|---|---|---|---|"
