@@ -5,7 +5,8 @@
  * ready-any sfit, the ready-stream tree) and the idle list, coalescing free
  * blocks (emm_pool_block_ready) and splitting the one handed out
  * (emm_pool_take_block), the stream keys present in the trees,
- * and growing from and releasing to the segment source. Callers hold the
+ * growing from and releasing to the segment source, and which arenas hold
+ * memory (eight of them widen every arena's epochs). Callers hold the
  * arena lock unless a function says otherwise.
  */
 #include "allocator/heap_internal.h"
@@ -352,11 +353,6 @@ static void seg_recycle(struct arena *h, struct emm_segment *s)
 	h->seg_free = s;
 }
 
-/*
- * Get a segment of seg_size from the source (lock dropped around the call)
- * and make its whole block ready-any. 0 and the block, or the source's
- * error (-ENOMEM: out of memory).
- */
 void emm_pool_note_holding(struct arena *h)
 {
 	struct emm_heap *heap = h->owner;
@@ -373,6 +369,11 @@ void emm_pool_note_holding(struct arena *h)
 	}
 }
 
+/*
+ * Get a segment of seg_size from the source (lock dropped around the call)
+ * and make its whole block ready-any. 0 and the block, or the source's
+ * error (-ENOMEM: out of memory).
+ */
 int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t stream,
                   struct emm_block **ret)
 {
