@@ -65,6 +65,16 @@ bool st_captures_active_locked(void)
 	return captures || capture_unknown;
 }
 
+bool st_capture_by_this_thread_locked(void)
+{
+	if (capture_unknown)
+		return true;
+	for (struct emm_capture *c = captures; c; c = c->next)
+		if (pthread_equal(c->thread, pthread_self()))
+			return true;
+	return false;
+}
+
 void st_capture_each_set_locked(void (*fn)(struct st_qset *qs, void *arg), void *arg)
 {
 	for (struct emm_capture *c = captures; c; c = c->next)

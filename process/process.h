@@ -265,8 +265,9 @@ void emm_capture_stream_destroyed(CUstream stream);
  * (of `heaps`, which are about to be destroyed) without freeing them. */
 void emm_capture_context_dropped(CUcontext ctx, emm_heap_t *const *heaps, size_t nheaps);
 void emm_capture_fork_child(void);
-/* Blocks quarantined so far, released so far, held now. */
-void emm_capture_stats(uint64_t *ret_quarantined, uint64_t *ret_released, size_t *ret_held);
+/* Blocks quarantined so far, released so far, held now; and frees let
+ * through as their own thread's beside a capture (quarantine.c). */
+void emm_capture_stats(uint64_t *ret_quarantined, uint64_t *ret_released, size_t *ret_held, uint64_t *ret_beside);
 
 /*
  * Free `addr` for the program, under the heap guard (block_free.c): 0 and

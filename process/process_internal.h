@@ -469,10 +469,12 @@ void st_quarantine_context_dropped_locked(CUcontext ctx, emm_heap_t *const *heap
 void st_quarantine_fork_child(void);
 
 /* capture.c, st_capture_lock held: is any capture recorded; is any active
- * (recorded or not); call fn with each recorded capture's set (NULL for a
- * capture without one). */
+ * (recorded or not); may the calling thread be capturing (it began an
+ * active capture, or a capture has no record); call fn with each recorded
+ * capture's set (NULL for a capture without one). */
 bool st_captures_listed_locked(void);
 bool st_captures_active_locked(void);
+bool st_capture_by_this_thread_locked(void);
 void st_capture_each_set_locked(void (*fn)(struct st_qset *qs, void *arg), void *arg);
 
 /* capture.c, the gate of the fence ops (no lock held): an event record or

@@ -100,18 +100,18 @@ static void note_device(emm_heap_t *heap, int device, void *arg)
 
 static void write_process(struct emm_outbuf *ob)
 {
-	uint64_t c[EMM_COUNT__COUNT], quarantined = 0, released = 0;
+	uint64_t c[EMM_COUNT__COUNT], quarantined = 0, released = 0, beside = 0;
 	size_t held = 0;
 
 	emm_state_counters(c);
-	emm_capture_stats(&quarantined, &released, &held);
+	emm_capture_stats(&quarantined, &released, &held, &beside);
 	emm_outbuf_printf(ob,
 	                  ",\"process\":{\"host_registrations\":%" PRIu64 ",\"host_unregistrations\":%" PRIu64
 	                  ",\"managed_allocs\":%" PRIu64 ",\"capture_allocs\":%" PRIu64 ",\"ipc_refused\":%" PRIu64
 	                  ",\"graph_quarantined_blocks\":%" PRIu64 ",\"graph_released_blocks\":%" PRIu64
-	                  ",\"graph_held_blocks\":%zu}",
+	                  ",\"graph_held_blocks\":%zu,\"graph_beside_frees\":%" PRIu64 "}",
 	                  c[EMM_COUNT_HOST_REGISTER], c[EMM_COUNT_HOST_UNREGISTER], c[EMM_COUNT_MANAGED_ALLOC],
-	                  c[EMM_COUNT_CAPTURE_ALLOC], c[EMM_COUNT_IPC_REFUSED], quarantined, released, held);
+	                  c[EMM_COUNT_CAPTURE_ALLOC], c[EMM_COUNT_IPC_REFUSED], quarantined, released, held, beside);
 }
 
 void emm_stats_write_json(struct emm_outbuf *ob, const char *reason)

@@ -250,13 +250,17 @@ void emm_stats_print_exit(void)
 	}
 	print_passby(&s, c);
 	{
-		uint64_t quarantined = 0, released = 0;
+		uint64_t quarantined = 0, released = 0, beside = 0;
 		size_t held = 0;
 
-		emm_capture_stats(&quarantined, &released, &held);
+		emm_capture_stats(&quarantined, &released, &held, &beside);
 		if (quarantined)
 			emm_info("graph quarantine: %" PRIu64 " blocks freed while a captured graph could use "
 			         "them, %" PRIu64 " released since, %zu still held",
 			         quarantined, released, held);
+		if (beside)
+			emm_info("graph quarantine: %" PRIu64 " blocks allocated and freed beside a capture by a "
+			         "thread capturing none, not held",
+			         beside);
 	}
 }

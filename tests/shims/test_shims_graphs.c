@@ -10,8 +10,11 @@
  * graph and everything derived from it (executable graphs of every
  * instantiate ABI, clones, parents embedding it as a child graph) are
  * destroyed; a capture that fails releases it at once. Blocks allocated
- * during a capture and freed while its graph lives are kept the same way.
- * "Freed into the heap" is seen through libemm's own counters (frees).
+ * during a capture and freed while its graph lives are kept the same way,
+ * except a thread's own: allocated during the capture by a thread that
+ * captures nothing and freed by it, they go back to the heap at once (a
+ * loop beside a capture does not grow). "Freed into the heap" is seen
+ * through libemm's own counters (frees).
  *
  * Resets: a primary context reset behind libemm's back (what cudaDeviceReset
  * does: fakecuda_device_reset) must drop the old heap, so a free of a block
@@ -173,6 +176,90 @@ TEST_BEGIN(test_every_mode_and_free_kind)
 	}
 	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 	assert_int_eq(cuStreamDestroy(other), CUDA_SUCCESS);
+}
+TEST_END
+
+/* --- a thread beside a capture -------------------------------------------- */
+
+enum { BESIDE_LOOP = 200 };
+
+struct beside {
+	CUdeviceptr old;   /* allocated before the capture: the worker frees it */
+	CUdeviceptr given; /* the worker allocates it during the capture, the capturing thread frees it */
+	CUdeviceptr other; /* the worker allocates it, a second thread frees it */
+	uint64_t frees_in_loop;
+	unsigned errors;
+};
+
+static void *beside_loop(void *arg)
+{
+	struct beside *w = arg;
+
+	if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS) {
+		w->errors++;
+		return NULL;
+	}
+	uint64_t f0 = pool_frees();
+	for (int i = 0; i < BESIDE_LOOP; i++) {
+		CUdeviceptr d;
+		if (cuMemAlloc(&d, SZ) != CUDA_SUCCESS || cuMemFree(d) != CUDA_SUCCESS)
+			w->errors++;
+	}
+	w->frees_in_loop = pool_frees() - f0;
+	w->errors += cuMemFree(w->old) != CUDA_SUCCESS;
+	w->errors += cuMemAlloc(&w->given, SZ) != CUDA_SUCCESS;
+	w->errors += cuMemAlloc(&w->other, SZ) != CUDA_SUCCESS;
+	return NULL;
+}
+
+static void *free_other(void *arg)
+{
+	struct beside *w = arg;
+
+	if (cuCtxSetCurrent(g_ctx) != CUDA_SUCCESS || cuMemFree(w->other) != CUDA_SUCCESS)
+		w->errors++;
+	return NULL;
+}
+
+/* While another thread captures, a thread's own blocks, allocated and
+ * freed in a loop, go back to the heap at each free; what the capture may
+ * use stays held until the graph goes: a block older than the capture, one
+ * the capturing thread frees, one another thread frees, and the capturing
+ * thread's own. */
+TEST_BEGIN(test_thread_beside_capture_frees_its_own)
+{
+	CUstream s;
+	CUdeviceptr mine;
+	CUgraph graph = NULL;
+	pthread_t t;
+	struct beside w = {0};
+	uint64_t f0;
+
+	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&w.old, SZ), CUDA_SUCCESS);
+	assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+	assert_int_eq(pthread_create(&t, NULL, beside_loop, &w), 0);
+	pthread_join(t, NULL);
+	assert_int_eq(w.errors, 0);
+	expect_int_eq(w.frees_in_loop, BESIDE_LOOP);
+	f0 = pool_frees();
+	assert_int_eq(pthread_create(&t, NULL, free_other, &w), 0);
+	pthread_join(t, NULL);
+	expect_int_eq(w.errors, 0);
+	expect_int_eq(cuMemFree(w.given), CUDA_SUCCESS);
+	expect_int_eq(cuMemAlloc(&mine, SZ), CUDA_SUCCESS);
+	expect_int_eq(cuMemFree(mine), CUDA_SUCCESS);
+	expect_int_eq(pool_frees() - f0, 0);
+	assert_int_eq(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
+	assert_ptr_not_null(graph);
+	f0 = pool_frees();
+	expect_true(never_served(w.old, &f0));
+	expect_true(never_served(w.given, &f0));
+	expect_int_eq(cuMemFree(w.old), CUDA_ERROR_INVALID_VALUE); /* held, so freed twice */
+	assert_int_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+	/* old, given, other and the capturing thread's own. */
+	expect_int_eq(pool_frees() - f0, 4);
+	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
 }
 TEST_END
 
@@ -427,5 +514,6 @@ int main(void)
 	                    test_failed_capture_releases_at_once, test_stream_destroyed_while_capturing,
 	                    test_allocated_during_capture, test_derived_graphs,
 	                    test_overlapping_captures, test_context_destroyed_with_quarantine,
-	                    test_hidden_reset_detected, test_hidden_reset_other_threads, NULL);
+	                    test_hidden_reset_detected, test_hidden_reset_other_threads,
+	                    test_thread_beside_capture_frees_its_own, NULL);
 }
