@@ -24,7 +24,9 @@
  * Except a thread's own blocks beside a capture: a block allocated during a
  * capture by a thread that captured none then (its owner, thread_uid) and
  * freed by that same thread while it still captures none goes back to its
- * heap at once, and stays watched. Without this, a thread that allocates and
+ * heap at once; its record stays, idle, so that a block allocated at that
+ * address later is held only if it was allocated during a capture too.
+ * Without this, a thread that allocates and
  * frees in a loop while another captures had every free held until the
  * graph went: 13-19 GiB for a 100 MiB working set in the unit suite's
  * exit-load children (tests/bench/RESULTS.md section 32), memory the real
@@ -442,6 +444,7 @@ void st_quarantine_fork_child(void)
 		atomic_store(&qfilter[b], 0);
 	atomic_store(&quarantined_total, 0);
 	atomic_store(&released_total, 0);
+	atomic_store(&beside_total, 0);
 }
 
 /* --- the quarantine ------------------------------------------------------ */
