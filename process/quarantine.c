@@ -26,16 +26,16 @@
  * freed by that same thread while it still captures none goes back to its
  * heap at once; its record stays, idle, so that a block allocated at that
  * address later is held only if it was allocated during a capture too.
- * Without this, a thread that allocates and
- * frees in a loop while another captures had every free held until the
- * graph went: 13-19 GiB for a 100 MiB working set in the unit suite's
- * exit-load children (tests/bench/RESULTS.md section 32), memory the real
- * driver would have let it reuse. Such a block reaches the graph only if the
- * capturing thread was handed it during the capture and the program then
- * freed it while the graph lives - a use after free without libemm too, so
- * letting it go is never worse than the driver; the capturing thread's own
- * frees (PyTorch's intermediates) and frees of blocks older than the capture
- * are held as before.
+ * Without this, a thread that allocates and frees in a loop while another
+ * captures had every free held until the graph went: 13-19 GiB for a 100
+ * MiB working set in the unit suite's exit-load children
+ * (tests/bench/RESULTS.md section 32), memory the real driver would have
+ * let it reuse. Such a block reaches the graph only if the capturing thread
+ * was handed it during the capture and the program then freed it while the
+ * graph lives - a use after free without libemm too, so letting it go is
+ * never worse than the driver; the capturing thread's own frees (PyTorch's
+ * intermediates) and frees of blocks older than the capture are held as
+ * before.
  *
  * At cuStreamEndCapture the set is attached to the returned CUgraph; if the
  * capture failed (no graph) the set is released at once. Graph objects
