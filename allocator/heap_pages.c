@@ -283,6 +283,10 @@ static bool has_mapped_inner(const struct arena *h, const struct emm_block *b)
 	return false;
 }
 
+/* Unmaps that failed (a broken context fails every one): said sparingly,
+ * since a heap with a release threshold tries again at every free. */
+static atomic_uint unmap_failures;
+
 size_t emm_pages_release(struct arena *h, size_t keep)
 {
 	size_t g = h->pg.granularity, total = 0;
@@ -376,10 +380,12 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 		}
 		for (unsigned c = 0; c < nc; c++)
 			emm_pool_block_ready(h, cand[c], 0);
-		if (wr)
-			emm_warn("waiting for the device before an unmap failed: %d; keeping the pages", wr);
-		else if (failed)
-			emm_warn("segment source failed to unmap pages: %d; keeping them", failed);
+		unsigned n;
+		if (wr && emm_log_sparingly(&unmap_failures, &n))
+			emm_warn("waiting for the device before an unmap failed: %d; keeping the pages (%u such so far)",
+			         wr, n);
+		else if (!wr && failed && emm_log_sparingly(&unmap_failures, &n))
+			emm_warn("segment source failed to unmap pages: %d; keeping them (%u such so far)", failed, n);
 		total += freed;
 		if (freed == 0)
 			break;

@@ -364,9 +364,9 @@ static atomic_uint overlaps;
 
 static void report_overlap(emm_addr_t addr, size_t size)
 {
-	unsigned n = atomic_fetch_add_explicit(&overlaps, 1, memory_order_relaxed) + 1;
+	unsigned n;
 
-	if ((n & (n - 1)) == 0)
+	if (emm_log_sparingly(&overlaps, &n))
 		emm_error("segment source returned 0x%llx (+%zu), overlapping a known segment (%u such so far)",
 		          (unsigned long long)addr, size, n);
 }

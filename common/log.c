@@ -31,6 +31,14 @@ void emm_log_set_fd(int fd)
 	atomic_store(&log_fd, fd < 0 ? 2 : fd);
 }
 
+bool emm_log_sparingly(atomic_uint *count, unsigned *ret_n)
+{
+	unsigned n = atomic_fetch_add_explicit(count, 1, memory_order_relaxed) + 1;
+
+	*ret_n = n;
+	return (n & (n - 1)) == 0;
+}
+
 static const char *log_prefix(enum emm_log_level level)
 {
 	switch (level) {

@@ -10,6 +10,7 @@
 #define EMM_COMMON_LOG_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "common/compiler.h"
@@ -34,5 +35,10 @@ bool emm_log_debug_enabled(void);
 
 /* Redirect output to another fd (tests); -1 restores stderr. */
 void emm_log_set_fd(int fd);
+
+/* For a message a failure may repeat at every call: count it in *count and
+ * say whether to print it this time (the 1st, 2nd, 4th, 8th ... time). The
+ * count so far is in *ret_n for the message. */
+bool emm_log_sparingly(atomic_uint *count, unsigned *ret_n);
 
 #endif
