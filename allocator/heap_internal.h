@@ -110,12 +110,6 @@ __attribute__((noreturn)) void emm_heap_lock_violation(const char *op);
 void emm_arena_lock_slow(struct arena *h);
 void emm_arena_unlock_slow(struct arena *h);
 
-/* The open epoch's quota of frees now (struct arena's epoch_blocks). */
-static inline unsigned arena_epoch_blocks(struct arena *h)
-{
-	return atomic_load_explicit(&h->epoch_blocks, memory_order_relaxed);
-}
-
 static inline void arena_lock(struct arena *h)
 {
 	int z = 0;
@@ -393,9 +387,10 @@ emm_stream_t emm_pool_next_key(struct arena *h, emm_stream_t after);
 
 /* Block metadata from the arena's slabs (NULL without memory), and back. */
 struct emm_block *emm_pool_block_new(struct arena *h);
-/* Arena h has its first segment: set its bit in owner->holding, and widen
- * every arena's epochs when that makes EPOCH_WIDE_ARENAS (heap_types.h).
- * h's lock held; the other arenas' quotas are stored without theirs. */
+/* Arena h has a new segment. On its first, set its bit in owner->holding,
+ * and widen every arena's epochs when that makes EPOCH_WIDE_ARENAS
+ * (heap_types.h). h's lock held; the other arenas' quotas are stored
+ * without theirs. */
 void emm_pool_note_holding(struct arena *h);
 void emm_pool_block_recycle(struct arena *h, struct emm_block *b);
 

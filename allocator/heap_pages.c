@@ -381,11 +381,13 @@ size_t emm_pages_release(struct arena *h, size_t keep)
 		for (unsigned c = 0; c < nc; c++)
 			emm_pool_block_ready(h, cand[c], 0);
 		unsigned n;
-		if (wr && emm_log_sparingly(&unmap_failures, &n))
-			emm_warn("waiting for the device before an unmap failed: %d; keeping the pages (%u such so far)",
-			         wr, n);
-		else if (!wr && failed && emm_log_sparingly(&unmap_failures, &n))
-			emm_warn("segment source failed to unmap pages: %d; keeping them (%u such so far)", failed, n);
+		if ((wr || failed) && emm_log_sparingly(&unmap_failures, &n)) {
+			if (wr)
+				emm_warn("waiting for the device before an unmap failed: %d; keeping the pages "
+				         "(%u such so far)", wr, n);
+			else
+				emm_warn("segment source failed to unmap pages: %d; keeping them (%u such so far)", failed, n);
+		}
 		total += freed;
 		if (freed == 0)
 			break;

@@ -374,6 +374,9 @@ static void report_overlap(emm_addr_t addr, size_t size)
 void emm_pool_note_holding(struct arena *h)
 {
 	struct emm_heap *heap = h->owner;
+
+	if (atomic_load_explicit(&heap->holding, memory_order_relaxed) & h->bit)
+		return; /* not the first segment: no write to the shared word */
 	uint64_t was = atomic_fetch_or_explicit(&heap->holding, h->bit, memory_order_relaxed);
 
 	/* Bits are never cleared: one thread sees the count reach the
@@ -434,8 +437,7 @@ int emm_pool_grow(struct arena *h, unsigned pool, size_t seg_size, emm_stream_t 
 	b->size = seg_size;
 	h->st.backend_allocs++;
 	h->st.segments++;
-	if (!(atomic_load_explicit(&h->owner->holding, memory_order_relaxed) & h->bit))
-		emm_pool_note_holding(h);
+	emm_pool_note_holding(h);
 	stat_add(&h->st.reserved, &h->st.reserved_peak, &h->st.reserved_total, seg_size);
 	heap_stat_add(&h->owner->reserved, &h->owner->reserved_peak, (int64_t)seg_size);
 	*ret = emm_pool_block_ready(h, b, 0);

@@ -221,6 +221,12 @@ struct arena {
  * which every arena's epochs take twice the frees. */
 #define EPOCH_WIDE_ARENAS 8u
 
+/* The open epoch's quota of frees now (struct arena's epoch_blocks). */
+static inline unsigned arena_epoch_blocks(struct arena *h)
+{
+	return atomic_load_explicit(&h->epoch_blocks, memory_order_relaxed);
+}
+
 /* Freed bytes close an epoch when a miss needs memory and they reach
  * p.epoch_max_bytes; a synchronous free closes it by bytes only at this
  * many times that (the hard bound on what an open epoch parks), or at

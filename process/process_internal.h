@@ -43,6 +43,10 @@
  * the general-dynamic model would turn into __tls_get_addr calls. */
 #define EMM_TLS_IE _Thread_local __attribute__((tls_model("initial-exec")))
 
+/* A number for the calling thread, never 0 and never reused in the process
+ * (a thread that exits and one created after it differ): state.c. */
+uint64_t st_thread_uid(void);
+
 #define PINNED_FLAG_SETS 8u /* PORTABLE | DEVICEMAP | WRITECOMBINED */
 #define MAX_DEVICES      64
 

@@ -21,21 +21,16 @@
  * active are noted in the same sets ("watched"); freeing one later, while a
  * graph that may use it lives, quarantines it too (driver-shim paths only).
  *
- * Except a thread's own blocks beside a capture: a block allocated during a
- * capture by a thread that captured none then (its owner, thread_uid) and
- * freed by that same thread while it still captures none goes back to its
- * heap at once; its record stays, idle, so that a block allocated at that
- * address later is held only if it was allocated during a capture too.
- * Without this, a thread that allocates and frees in a loop while another
- * captures had every free held until the graph went: 13-19 GiB for a 100
- * MiB working set in the unit suite's exit-load children
- * (tests/bench/RESULTS.md section 32), memory the real driver would have
- * let it reuse. Such a block reaches the graph only if the capturing thread
- * was handed it during the capture and the program then freed it while the
- * graph lives - a use after free without libemm too, so letting it go is
- * never worse than the driver; the capturing thread's own frees (PyTorch's
- * intermediates) and frees of blocks older than the capture are held as
- * before.
+ * Except a thread's own blocks beside a capture: one allocated during a
+ * capture by a thread that captured none (its owner, st_thread_uid) and
+ * freed by that thread while it still captures none goes back to its heap;
+ * its record turns idle, so a later block at that address is held only if
+ * it too was allocated during a capture. The graph can reach such a block
+ * only through a use after free the real driver would not catch either, and
+ * holding it let a thread's loop beside a capture pile up 13-19 GiB for a
+ * 100 MiB working set (tests/bench/RESULTS.md section 32). The capturing
+ * thread's frees (PyTorch's intermediates) and frees of blocks older than
+ * the capture are held as before.
  *
  * At cuStreamEndCapture the set is attached to the returned CUgraph; if the
  * capture failed (no graph) the set is released at once. Graph objects
@@ -86,7 +81,7 @@ struct qblock {
 	struct qblock *next; /* hash chain */
 	emm_addr_t addr;
 	emm_heap_t *heap;
-	uint64_t owner; /* watched: the thread that allocated it, capturing none (thread_uid); 0: else */
+	uint64_t owner; /* watched: the thread that allocated it, capturing none (st_thread_uid); 0: else */
 	bool freed; /* the program freed it: quarantined (else watched) */
 	bool idle;  /* let go by own_beside: a block at addr allocated since is not watched */
 	bool dead;  /* its context is gone: forget it, never free it */
@@ -124,24 +119,12 @@ static atomic_uint_fast64_t beside_total; /* frees let through by own_beside */
 
 /* --- small helpers ----------------------------------------------------- */
 
-/* A number for the calling thread, never reused in the process (a thread
- * that exits and one created after it differ). */
-static EMM_TLS_IE uint64_t tls_uid;
-static atomic_uint_fast64_t uid_next;
-
-static uint64_t thread_uid(void)
-{
-	if (EMM_UNLIKELY(!tls_uid))
-		tls_uid = atomic_fetch_add_explicit(&uid_next, 1, memory_order_relaxed) + 1;
-	return tls_uid;
-}
-
 /* Is freeing qb's block now one its own thread's, beside the captures?
  * Allocated during a capture by a thread that captured none, and freed by
  * that thread while it still captures none: see the file comment. */
 static bool own_beside(const struct qblock *qb)
 {
-	return !qb->idle && qb->owner && qb->owner == thread_uid() && !st_capture_by_this_thread_locked();
+	return !qb->idle && qb->owner && qb->owner == st_thread_uid() && !st_capture_by_this_thread_locked();
 }
 
 static unsigned addr_hash(emm_addr_t addr)
@@ -482,7 +465,7 @@ void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap)
 		qb->heap = heap;
 		qb->freed = false;
 		qb->idle = false;
-		qb->owner = st_capture_by_this_thread_locked() ? 0 : thread_uid();
+		qb->owner = st_capture_by_this_thread_locked() ? 0 : st_thread_uid();
 		st_capture_each_set_locked(watch_in_set, qb); /* no memory: not watched (as without libemm) */
 		if (qb->nsets == 0)
 			qblock_remove(qb);

@@ -2,7 +2,7 @@
 /*
  * process/state.c - libemm's process state: lazy initialisation (options,
  * backend, trace, exit handler), the real entry points, the heap
- * parameters the options ask for, fork and exit. The rest of the state has
+ * parameters the options ask for, a number per thread, fork and exit. The rest of the state has
  * a file each (state_internal.h lists them): the heap guard (guard.c), one
  * heap per CUDA context (contexts.c), pinned-host heaps (pinned.c), stream
  * keys and the live-stream registry (streams.c), counters and statistics
@@ -60,6 +60,15 @@ atomic_bool st_init_done;
 bool st_enabled;
 atomic_bool st_exiting;
 static EMM_TLS_IE bool tls_in_init;
+static EMM_TLS_IE uint64_t tls_uid;
+static atomic_uint_fast64_t uid_next;
+
+uint64_t st_thread_uid(void)
+{
+	if (EMM_UNLIKELY(!tls_uid))
+		tls_uid = atomic_fetch_add_explicit(&uid_next, 1, memory_order_relaxed) + 1;
+	return tls_uid;
+}
 
 const struct emm_options *st_opts;
 #ifndef NDEBUG

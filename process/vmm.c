@@ -136,7 +136,7 @@ static bool deferrable(const struct vbuf *v)
 static void claim_idle_locked(struct vbuf *v, unsigned l)
 {
 	v->l = l;
-	v->owner = vmm_thread_id();
+	v->owner = st_thread_uid();
 	v->busy = false;
 	vmm_list_add_locked(v, VB_PENDING);
 	vmm_reaper_kick_locked();
@@ -160,7 +160,7 @@ int emm_vmm_reserve(size_t size, size_t align, CUdeviceptr addr, unsigned long l
 		/* The buffer this thread's cuMemCreate already took (XLA creates
 		 * the handle first): its range. The thread's other pending
 		 * deferrals are made real (rule (a)), not this one. */
-		uint64_t self = vmm_thread_id();
+		uint64_t self = st_thread_uid();
 		struct vbuf *mine = NULL;
 		for (struct vbuf *v = vmm_pending_head_locked(); v && !mine; v = v->next)
 			if (v->owner == self && !v->busy && v->l == L_CREATED && v->size == size &&
@@ -206,7 +206,7 @@ int emm_vmm_create(size_t size, const CUmemAllocationProp *prop, unsigned long l
 	struct vmm_batch b = {.n = 0};
 	struct vbuf *hit = NULL;
 	CUmemGenericAllocationHandle h = 0;
-	uint64_t self = vmm_thread_id();
+	uint64_t self = st_thread_uid();
 	CUcontext ctx;
 	int device = 0;
 
@@ -276,7 +276,7 @@ int emm_vmm_map(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAllocati
 	st_lock(&vmm_lock);
 	vmm_wait_unbusy(va, size, true, handle);
 	v = vmm_handle_find(handle);
-	if (v && v->owner == vmm_thread_id() && v->list == VB_PENDING && v->l == (L_RESERVED | L_CREATED) &&
+	if (v && v->owner == st_thread_uid() && v->list == VB_PENDING && v->l == (L_RESERVED | L_CREATED) &&
 	    v->va == va && v->size == size && !offset && !flags) {
 		v->l |= L_MAPPED;
 		served = true;
@@ -343,7 +343,7 @@ int emm_vmm_set_access(CUdeviceptr va, size_t size, const CUmemAccessDesc *desc,
 	st_lock(&vmm_lock);
 	vmm_wait_unbusy(va, size, false, 0);
 	v = vmm_va_find(va);
-	if (v && v->owner == vmm_thread_id() && v->list == VB_PENDING &&
+	if (v && v->owner == st_thread_uid() && v->list == VB_PENDING &&
 	    v->l == (L_RESERVED | L_CREATED | L_MAPPED) && v->size == size && access_subset(v, desc, count)) {
 		v->l = L_ALL;
 		vmm_list_del_locked(v); /* live again */
@@ -402,7 +402,7 @@ int emm_vmm_unmap(CUdeviceptr va, size_t size)
 	v = vmm_va_find(va);
 	if (v && v->size == size && (v->l & (L_MAPPED | L_ACCESS)) == (L_MAPPED | L_ACCESS) && deferrable(v)) {
 		v->l &= ~(L_MAPPED | L_ACCESS);
-		v->owner = vmm_thread_id();
+		v->owner = st_thread_uid();
 		vmm_list_add_locked(v, VB_PENDING);
 		vmm_reaper_kick_locked();
 		served = true;
@@ -446,7 +446,7 @@ int emm_vmm_release(CUmemGenericAllocationHandle handle)
 	if (v && (v->l & L_CREATED) && !v->nocache && v->access_set && !st_is_exiting() &&
 	    (v->list == VB_NONE || (v->list == VB_PENDING && !(v->l & L_MAPPED)))) {
 		v->l &= ~L_CREATED;
-		v->owner = vmm_thread_id();
+		v->owner = st_thread_uid();
 		device = v->device;
 		if (!v->l)
 			went_idle_locked(v, &idle);
@@ -502,7 +502,7 @@ int emm_vmm_address_free(CUdeviceptr va, size_t size)
 	if (v && v->size == size && v->list == VB_PENDING && (v->l & L_RESERVED) && !(v->l & L_MAPPED) &&
 	    !st_is_exiting()) {
 		v->l &= ~L_RESERVED;
-		v->owner = vmm_thread_id();
+		v->owner = st_thread_uid();
 		if (!v->l)
 			went_idle_locked(v, &idle);
 		served = true;

@@ -35,7 +35,7 @@ void vmm_batch_run(struct vmm_batch *b)
  * any other VMM call it makes. */
 void vmm_take_own_pending(struct vmm_batch *b, const struct vbuf *keep)
 {
-	uint64_t self = vmm_thread_id();
+	uint64_t self = st_thread_uid();
 
 	for (struct vbuf *v = vmm_pending_head_locked(), *next; v; v = next) {
 		next = v->next;

@@ -61,7 +61,7 @@ struct vbuf {
 	bool access_set;   /* physically: the program's cuMemSetAccess ran */
 	bool nocache;	   /* live, but never deferred (see vmm.c) */
 	bool busy;
-	uint64_t owner;	   /* thread (vmm_thread_id) of the last logical step */
+	uint64_t owner;	   /* thread (st_thread_uid) of the last logical step */
 	uint64_t since_ns; /* pending or idle since (CLOCK_MONOTONIC) */
 	/* idle: completion markers of the work issued before the free */
 	struct emm_fence_pool *pool;
@@ -82,8 +82,6 @@ void vmm_sync_fork_child(void);
 extern pthread_mutex_t vmm_lock;
 extern pthread_cond_t vmm_busy_cond;
 
-/* This thread's id for `owner` (never 0). */
-uint64_t vmm_thread_id(void);
 uint64_t vmm_now_ns(void);
 
 /* vmm.c: driver calls until the physical state is what the program

@@ -29,16 +29,6 @@ static struct vbuf *by_handle[BUCKETS];
 static struct plain_resv *resv_tab[BUCKETS];
 static struct plain_handle *hnd_tab[BUCKETS];
 
-static atomic_uint_fast64_t next_thread = 1;
-static EMM_TLS_IE uint64_t tls_thread;
-
-uint64_t vmm_thread_id(void)
-{
-	if (EMM_UNLIKELY(!tls_thread))
-		tls_thread = atomic_fetch_add(&next_thread, 1);
-	return tls_thread;
-}
-
 uint64_t vmm_now_ns(void)
 {
 	struct timespec ts;

@@ -10,8 +10,6 @@
  */
 #include <errno.h>
 #include <stdio.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "allocator/heap.h"
 #include "common/log.h"
@@ -52,31 +50,15 @@ static int stale_free(void *state, emm_addr_t addr, size_t size, emm_stream_t st
 	return 0;
 }
 
-/* Lines of `path` that contain `what`. */
-static unsigned count_lines(const char *path, const char *what)
-{
-	char line[512];
-	unsigned n = 0;
-	FILE *f = fopen(path, "r");
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, what) != NULL;
-	fclose(f);
-	return n;
-}
-
 TEST_BEGIN(test_overlapping_segment_refused_and_said_sparingly)
 {
 	struct emm_heap_params p;
 	emm_heap_t *owner = NULL, *h = NULL;
 	struct stale_src stale = {0};
-	char path[] = "/tmp/emm-test-overlap.XXXXXX";
-	int fd = mkstemp(path);
+	FILE *log = tmpfile();
 	emm_addr_t a = 0;
 
-	assert_true(fd >= 0);
+	assert_ptr_not_null(log);
 	emm_heap_params_default(&p);
 	p.arenas = 1;
 	p.oom_retry = false;
@@ -90,19 +72,18 @@ TEST_BEGIN(test_overlapping_segment_refused_and_said_sparingly)
 
 	struct emm_segment_source ss = {&stale, stale_alloc, stale_free};
 	assert_int_eq(emm_heap_create(&p, &ss, NULL, 0, &h), 0);
-	emm_log_set_fd(fd);
+	emm_log_set_fd(fileno(log));
 	for (int i = 0; i < TRIES; i++) {
 		emm_addr_t b = 0;
 		expect_int_eq(emm_heap_alloc(h, MIB, 0, &b), -ENOMEM);
 		expect_u64_eq(b, 0);
 	}
 	emm_log_set_fd(-1);
-	close(fd);
 	expect_int_eq(stale.allocs, TRIES);
 	expect_int_eq(stale.frees, TRIES);
 	/* 1, 2, 4, 8, 16, 32, 64 */
-	expect_int_eq(count_lines(path, "overlapping a known segment"), 7);
-	unlink(path);
+	expect_int_eq(emm_test_count_lines(log, "overlapping a known segment"), 7);
+	fclose(log);
 	expect_int_eq(emm_heap_check(h), 0);
 	emm_heap_destroy(h, true);
 

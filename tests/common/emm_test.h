@@ -116,6 +116,19 @@ static inline uint64_t emm_test_rand(uint64_t *state)
 	return *state * 0x2545f4914f6cdd1dull;
 }
 
+/* Lines of f (read from its start) that contain `what`: for output a test
+ * captured in a temporary file. */
+static inline unsigned emm_test_count_lines(FILE *f, const char *what)
+{
+	char line[512];
+	unsigned n = 0;
+
+	rewind(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, what) != NULL;
+	return n;
+}
+
 static inline void emm_test_skip(const char *why)
 {
 	fprintf(stderr, "%s: skipped: %s\n", emm_test_current.name, why);

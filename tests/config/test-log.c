@@ -8,22 +8,9 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
-#include <string.h>
-#include <unistd.h>
 
 #include "common/log.h"
 #include "emm_test.h"
-
-static unsigned count_in(FILE *f, const char *what)
-{
-	char line[512];
-	unsigned n = 0;
-
-	rewind(f);
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, what) != NULL;
-	return n;
-}
 
 TEST_BEGIN(test_prefixes_and_debug)
 {
@@ -40,11 +27,11 @@ TEST_BEGIN(test_prefixes_and_debug)
 	emm_debug("shown");
 	emm_log_set_debug(false);
 	emm_log_set_fd(-1);
-	expect_int_eq(count_in(f, "emm: plain 1"), 1);
-	expect_int_eq(count_in(f, "emm: warning: careful 2"), 1);
-	expect_int_eq(count_in(f, "emm: error: broken 3"), 1);
-	expect_int_eq(count_in(f, "hidden"), 0);
-	expect_int_eq(count_in(f, "shown"), 1);
+	expect_int_eq(emm_test_count_lines(f, "emm: plain 1"), 1);
+	expect_int_eq(emm_test_count_lines(f, "emm: warning: careful 2"), 1);
+	expect_int_eq(emm_test_count_lines(f, "emm: error: broken 3"), 1);
+	expect_int_eq(emm_test_count_lines(f, "hidden"), 0);
+	expect_int_eq(emm_test_count_lines(f, "shown"), 1);
 	fclose(f);
 }
 TEST_END

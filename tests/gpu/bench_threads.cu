@@ -53,7 +53,7 @@ static size_t random_size(std::mt19937_64 &rng)
 	return (size_t)std::exp(d(rng));
 }
 
-static int warmup = -1; /* --warmup; -1: iters / 10 */
+static int warmup = -1; /* --warmup; -1 until main settles it (iters / 10, at least LIVE * 4) */
 
 static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_result *out)
 {
@@ -73,8 +73,7 @@ static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_r
 	for (int i = 0; i < LIVE; i++)
 		ok &= alloc(&live[i], random_size(rng));
 	/* Warm-up, untimed. */
-	int warm = std::max(LIVE * 4, warmup >= 0 ? warmup : iters / 10);
-	for (int i = 0; i < warm && ok; i++) {
+	for (int i = 0; i < warmup && ok; i++) {
 		int k = (int)(rng() % LIVE);
 		ok &= release(live[k]) && alloc(&live[k], random_size(rng));
 	}
@@ -145,6 +144,7 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	warmup = std::max((int)LIVE * 4, warmup >= 0 ? warmup : iters / 10);
 	int n = 0;
 	if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
 		printf("SKIP: no GPU\n");
@@ -159,7 +159,7 @@ int main(int argc, char **argv)
 	bool emm = getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "libemm");
 
 	printf("bench_threads: %d timed iterations per thread after %d untimed, %d live buffers of 256 B-8 MiB each, "
-	       "%s\n", iters, std::max((int)LIVE * 4, warmup >= 0 ? warmup : iters / 10), LIVE,
+	       "%s\n", iters, warmup, LIVE,
 	       emm ? "libemm preloaded" : "no libemm");
 	printf("| path | threads | Mpairs/s (all threads) | median ns per pair (per thread) |\n|---|---|---|---|\n");
 	for (int a = 0; a < 2; a++) {
