@@ -225,7 +225,8 @@ static int free_taken(struct emm_block *b, emm_stream_t stream, size_t *ret_requ
 
 	h = b->seg->arena;
 	requested = b->requested;
-	if (stream == EMM_STREAM_SYNC && h->p.free_mode != EMM_FREE_MODE_STRICT && emm_tcache_free(b)) {
+	if (stream == EMM_STREAM_SYNC && h->owner->tcache && h->p.free_mode != EMM_FREE_MODE_STRICT &&
+	    emm_tcache_free(b)) {
 		if (ret_requested)
 			*ret_requested = requested;
 		return 0;

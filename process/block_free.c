@@ -27,7 +27,7 @@ int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t 
 {
 	int r;
 
-	emm_state_validate_current();
+	st_validate_current();
 	r = emm_capture_quarantine_free(addr, pinned, ret_requested);
 	if (r > 0)
 		return 0; /* a graph may still use it: a memory checker keeps its region */

@@ -20,7 +20,7 @@
  * freed. An entry whose context handle now carries another id is stale:
  * its heaps are dropped without driver calls (later frees of its blocks go
  * to the driver and get its error) and a new entry is built. Frees check
- * the same (emm_state_validate_current) before the pool takes the block.
+ * the same (st_validate_current) before the pool takes the block.
  * Without cuCtxGetId (drivers before 12.0) the handle is the key.
  *
  * When may a hit skip the driver (EMM_CONTEXT_CHECK=off, the default)?
@@ -315,7 +315,7 @@ static int current_context_key(uint64_t *ret_key, unsigned long long *ret_id)
 
 /* An entry left from before a reset of its context is dropped on the way
  * (see the top of this file). */
-int st_current_entry(struct ctx_entry **ret, bool create)
+int st_current_entry_slow(struct ctx_entry **ret, bool create)
 {
 	const struct emm_real_driver_table *real;
 	struct ctx_entry *e;
@@ -411,24 +411,6 @@ bool emm_state_context_current(void)
 		return true;
 	real = st_real_table();
 	return real->cuCtxGetCurrent && real->cuCtxGetCurrent(&ctx) == CUDA_SUCCESS && ctx;
-}
-
-void emm_state_validate_current(void)
-{
-	struct ctx_entry *e;
-
-	(void)st_current_entry(&e, false);
-}
-
-int emm_state_current_heap(emm_heap_t **ret_heap)
-{
-	struct ctx_entry *e;
-	int ret = st_current_entry(&e, true);
-
-	if (ret < 0)
-		return ret;
-	*ret_heap = e->heap;
-	return 0;
 }
 
 int emm_state_current_heap_lookup(emm_heap_t **ret_heap)

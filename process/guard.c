@@ -7,7 +7,7 @@
  * context reset or last release, a reset noticed through the context id;
  * contexts.c) - possibly while other threads are inside it (a runtime's
  * exit-time teardown while worker threads still allocate). Every shim path
- * that touches a heap runs between emm_state_enter and emm_state_leave,
+ * that touches a heap runs between st_enter and st_leave (process_internal.h),
  * which publish "this thread is inside" in a per-thread slot; the thread
  * tearing down raises `dropping`, waits until no other thread is inside,
  * destroys, and lowers it; threads arriving meanwhile wait at the door.
@@ -35,19 +35,12 @@
 #include "process/process_internal.h"
 #include "process/process.h"
 
-struct guard_slot {
-	atomic_uint active;  /* this thread is inside a heap */
-	atomic_uint gate[2]; /* its fence ops in flight past the capture gate, per phase (capture.c) */
-	atomic_bool used;    /* owned by a live thread */
-	struct guard_slot *next;
-} __attribute__((aligned(64)));
-
 static _Atomic(struct guard_slot *) guard_slots; /* never freed; slots are reused */
-static atomic_uint guard_dropping;
-static bool guard_asymmetric; /* membarrier registered: cheap entry barrier */
+atomic_uint st_guard_dropping;
+bool st_guard_asymmetric; /* membarrier registered: cheap entry barrier */
 static pthread_key_t guard_key;
 static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
-static EMM_TLS_IE struct guard_slot *tls_slot;
+EMM_TLS_IE struct guard_slot *st_tls_guard_slot;
 EMM_TLS_IE unsigned st_tls_guard_depth;
 
 static void guard_slot_release(void *arg)
@@ -65,8 +58,8 @@ static void guard_init(void)
 	(void)pthread_key_create(&guard_key, guard_slot_release);
 	if (cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
 	    syscall(__NR_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
-		guard_asymmetric = true;
-	emm_debug("heap guard: %s", guard_asymmetric ? "membarrier" : "fences");
+		st_guard_asymmetric = true;
+	emm_debug("heap guard: %s", st_guard_asymmetric ? "membarrier" : "fences");
 }
 
 void st_guard_setup(void)
@@ -74,8 +67,8 @@ void st_guard_setup(void)
 	pthread_once(&guard_once, guard_init);
 }
 
-/* Out of line: the first entry of a thread only; emm_state_enter's fast
- * path stays a few instructions without a frame. */
+/* Out of line: the first entry of a thread only; st_enter's fast path
+ * stays a few instructions without a frame. */
 __attribute__((noinline)) static struct guard_slot *guard_slot_get(void)
 {
 	struct guard_slot *slot;
@@ -99,19 +92,11 @@ __attribute__((noinline)) static struct guard_slot *guard_slot_get(void)
 			;
 	}
 	(void)pthread_setspecific(guard_key, slot);
-	tls_slot = slot;
+	st_tls_guard_slot = slot;
 	/* A new thread using CUDA: run our exit handler before the teardown
 	 * of whatever initialised before it (see state.c). */
 	st_atexit_again();
 	return slot;
-}
-
-static inline void guard_barrier(void)
-{
-	if (guard_asymmetric)
-		atomic_signal_fence(memory_order_seq_cst);
-	else
-		atomic_thread_fence(memory_order_seq_cst);
 }
 
 /* Publish "inside", then wait at the door while a teardown runs. */
@@ -119,22 +104,21 @@ static void guard_publish(struct guard_slot *slot)
 {
 	for (;;) {
 		atomic_store_explicit(&slot->active, 1, memory_order_relaxed);
-		guard_barrier();
-		if (EMM_LIKELY(atomic_load_explicit(&guard_dropping, memory_order_relaxed) == 0))
+		st_guard_barrier();
+		if (EMM_LIKELY(atomic_load_explicit(&st_guard_dropping, memory_order_relaxed) == 0))
 			return;
 		atomic_store_explicit(&slot->active, 0, memory_order_release);
-		while (atomic_load_explicit(&guard_dropping, memory_order_acquire) != 0)
+		while (atomic_load_explicit(&st_guard_dropping, memory_order_acquire) != 0)
 			sched_yield();
 	}
 }
 
-void emm_state_enter(void)
+/* st_enter's other cases: the thread's first entry (no slot yet), or a
+ * teardown running (wait at the door). The depth is counted already. */
+void st_enter_slow(void)
 {
-	struct guard_slot *slot;
+	struct guard_slot *slot = st_tls_guard_slot;
 
-	if (st_tls_guard_depth++ > 0)
-		return;
-	slot = tls_slot;
 	if (EMM_UNLIKELY(!slot)) {
 		slot = guard_slot_get();
 		if (!slot)
@@ -143,13 +127,14 @@ void emm_state_enter(void)
 	guard_publish(slot);
 }
 
+void emm_state_enter(void)
+{
+	st_enter();
+}
+
 void emm_state_leave(void)
 {
-	if (--st_tls_guard_depth > 0)
-		return;
-	st_tls_ctx.verified = false;
-	if (EMM_LIKELY(tls_slot != NULL))
-		atomic_store_explicit(&tls_slot->active, 0, memory_order_release);
+	st_leave();
 }
 
 /* A teardown started from inside the guard (a reset noticed in
@@ -157,14 +142,14 @@ void emm_state_leave(void)
  * takes any lock, so that it never waits on a thread that waits on it. */
 void st_guard_step_out(void)
 {
-	if (st_tls_guard_depth && tls_slot)
-		atomic_store_explicit(&tls_slot->active, 0, memory_order_release);
+	if (st_tls_guard_depth && st_tls_guard_slot)
+		atomic_store_explicit(&st_tls_guard_slot->active, 0, memory_order_release);
 }
 
 void st_guard_step_in(void)
 {
-	if (st_tls_guard_depth && tls_slot)
-		guard_publish(tls_slot);
+	if (st_tls_guard_depth && st_tls_guard_slot)
+		guard_publish(st_tls_guard_slot);
 }
 
 static uint64_t now_ns(void)
@@ -182,13 +167,13 @@ bool st_guard_begin(unsigned wait_ms)
 {
 	uint64_t deadline = now_ns() + (uint64_t)wait_ms * 1000000u;
 
-	atomic_fetch_add(&guard_dropping, 1);
-	if (guard_asymmetric)
+	atomic_fetch_add(&st_guard_dropping, 1);
+	if (st_guard_asymmetric)
 		(void)syscall(__NR_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0);
 	else
 		atomic_thread_fence(memory_order_seq_cst);
 	for (struct guard_slot *slot = atomic_load(&guard_slots); slot; slot = slot->next) {
-		if (slot == tls_slot)
+		if (slot == st_tls_guard_slot)
 			continue;
 		while (atomic_load_explicit(&slot->active, memory_order_acquire) != 0) {
 			if (now_ns() >= deadline)
@@ -201,18 +186,18 @@ bool st_guard_begin(unsigned wait_ms)
 
 void st_guard_end(void)
 {
-	atomic_fetch_sub(&guard_dropping, 1);
+	atomic_fetch_sub(&st_guard_dropping, 1);
 }
 
 /* The capture gate's counters (capture.c) live in the guard's per-thread
  * slots, so that the fence ops of different threads touch no shared cache
  * line: this thread's counter of `phase`, its slot made first with `make`
  * if it has none (NULL without one: the caller counts elsewhere). A
- * thread's leave finds the slot its enter used: tls_slot changes only at
+ * thread's leave finds the slot its enter used: st_tls_guard_slot changes only at
  * its exit and in a fork child. */
 atomic_uint *st_guard_gate_counter(unsigned phase, bool make)
 {
-	struct guard_slot *slot = tls_slot;
+	struct guard_slot *slot = st_tls_guard_slot;
 
 	if (EMM_UNLIKELY(!slot) && make) {
 		st_guard_setup(); /* its key, if no heap was entered yet */
@@ -235,7 +220,7 @@ void st_guard_fork_child(void)
 {
 	/* Only this thread exists; slots of the others are forgotten. */
 	atomic_store(&guard_slots, NULL);
-	atomic_store(&guard_dropping, 0);
-	tls_slot = NULL;
+	atomic_store(&st_guard_dropping, 0);
+	st_tls_guard_slot = NULL;
 	st_tls_guard_depth = 0;
 }

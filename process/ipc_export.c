@@ -54,12 +54,12 @@ int emm_ipc_export_begin(emm_addr_t dptr, struct emm_ipc_export *ex)
 
 	if (!emm_state_enabled())
 		return -ENOENT;
-	emm_state_enter();
+	st_enter();
 	r = emm_serve_find_block(dptr, &range);
 	found = r == 0 && !emm_state_heap_is_pinned(range.heap);
 	if (found)
 		entry = st_heap_entry(range.heap);
-	emm_state_leave();
+	st_leave();
 	if (r == -ENXIO)
 		return -EINVAL; /* freed memory in a segment of ours: not the segment's handle */
 	if (!found)
@@ -202,7 +202,7 @@ static size_t free_reaped(const struct ipc_kept *r, size_t n)
 	if (n == 0)
 		return 0;
 	/* Under the heap guard: a context teardown waits for these frees. */
-	emm_state_enter();
+	st_enter();
 	tls_reaping = true;
 	for (size_t i = 0; i < n; i++) {
 		emm_debug("IPC segment %#llx (%zu bytes): no importer has it open any more: given back",
@@ -211,7 +211,7 @@ static size_t free_reaped(const struct ipc_kept *r, size_t n)
 			bytes += r[i].size;
 	}
 	tls_reaping = false;
-	emm_state_leave();
+	st_leave();
 	return bytes;
 }
 

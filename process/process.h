@@ -64,14 +64,6 @@
  * is a pure pass-through). Initialises on first call. */
 bool emm_state_enabled(void);
 
-/*
- * The heap of the context current on this thread, created on first use.
- * 0 and the heap; -ENODEV if no context is current or the driver is not
- * initialised (the shim then calls the real function so the program gets
- * the driver's own error); -ENOSYS if libemm is disabled.
- */
-int emm_state_current_heap(emm_heap_t **ret_heap);
-
 /* The pinned-host heap for cuMemHostAlloc flags (created on first use);
  * -ENOSYS when pinned caching is off or disabled. */
 int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap);
@@ -320,13 +312,6 @@ void emm_state_current_changed(bool every_thread);
 /* A context is current on this thread (the cache when EMM_CONTEXT_CHECK is
  * off and it holds one; else cuCtxGetCurrent). */
 bool emm_state_context_current(void);
-
-/* Before a free of one of our blocks: make sure the heap of the current
- * context still belongs to the live context (a reset that bypassed our
- * shims is noticed here, so the stale block goes to the driver). Cheap:
- * one cuCtxGetId and a thread-local compare (no call with
- * EMM_CONTEXT_CHECK off and the thread's cache valid). */
-void emm_state_validate_current(void);
 /* After a primary-context release: forget its heaps if it is now inactive. */
 void emm_state_primary_released(CUdevice dev);
 

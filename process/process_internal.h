@@ -177,8 +177,29 @@ void st_guard_setup(void);
  * after. */
 void st_guard_step_out(void);
 void st_guard_step_in(void);
-/* How deep the calling thread is in guarded calls (emm_state_enter). */
+/* How deep the calling thread is in guarded calls (st_enter). */
 extern EMM_TLS_IE unsigned st_tls_guard_depth;
+
+/* A thread's slot: where it says it is inside. */
+struct guard_slot {
+	atomic_uint active;  /* this thread is inside a heap */
+	atomic_uint gate[2]; /* its fence ops in flight past the capture gate, per phase (capture.c) */
+	atomic_bool used;    /* owned by a live thread */
+	struct guard_slot *next;
+} __attribute__((aligned(64)));
+extern EMM_TLS_IE struct guard_slot *st_tls_guard_slot;
+extern atomic_uint st_guard_dropping; /* teardowns running */
+extern bool st_guard_asymmetric;      /* membarrier registered: the entry barrier is the compiler's */
+void st_enter_slow(void);
+
+static inline void st_guard_barrier(void)
+{
+	if (st_guard_asymmetric)
+		atomic_signal_fence(memory_order_seq_cst);
+	else
+		atomic_thread_fence(memory_order_seq_cst);
+}
+
 /* Wait until no other thread is inside a heap, at most wait_ms; new
  * arrivals wait until st_guard_end. The caller is outside
  * (st_guard_step_out). False when a thread is still inside at the end:
@@ -254,6 +275,34 @@ struct st_tls_ctx {
 };
 extern EMM_TLS_IE struct st_tls_ctx st_tls_ctx;
 
+/* Bracket everything that touches a heap (emm_state_enter, emm_state_leave:
+ * process.h), inlined: every allocation and free enters once. Nests. */
+static inline void st_enter(void)
+{
+	struct guard_slot *slot;
+
+	if (st_tls_guard_depth++ > 0)
+		return;
+	slot = st_tls_guard_slot;
+	if (EMM_LIKELY(slot)) {
+		atomic_store_explicit(&slot->active, 1, memory_order_relaxed);
+		st_guard_barrier();
+		if (EMM_LIKELY(atomic_load_explicit(&st_guard_dropping, memory_order_relaxed) == 0))
+			return;
+		atomic_store_explicit(&slot->active, 0, memory_order_release);
+	}
+	st_enter_slow();
+}
+
+static inline void st_leave(void)
+{
+	if (--st_tls_guard_depth > 0)
+		return;
+	st_tls_ctx.verified = false;
+	if (EMM_LIKELY(st_tls_guard_slot != NULL))
+		atomic_store_explicit(&st_tls_guard_slot->active, 0, memory_order_release);
+}
+
 /* The thread's current context as its cache knows it, when the cache may
  * be trusted (EMM_CONTEXT_CHECK off, or confirmed by the driver during
  * this call) and is not stale; NULL otherwise. */
@@ -302,8 +351,9 @@ void st_fit_params(struct ctx_entry *e, int device, struct emm_heap_params *p);
 
 /* The entry of the current context. 0; -ENODEV (no context, or `create`
  * false and none yet); -ENOSYS (disabled, exiting, or the context passes
- * through). */
-int st_current_entry(struct ctx_entry **ret, bool create);
+ * through). st_current_entry is the thread cache's hit, inlined (every
+ * allocation and every free asks); the rest is st_current_entry_slow's. */
+int st_current_entry_slow(struct ctx_entry **ret, bool create);
 
 /* Make `ctx` current around a driver call made outside the shims. */
 bool st_push_ctx(CUcontext ctx);
@@ -314,6 +364,48 @@ void st_pop_ctx(bool pushed);
 /* Set while this thread is inside the backend: a backend that calls a
  * driver export (rather than host->driver_proc) reaches the driver. */
 extern EMM_TLS_IE bool st_tls_in_backend;
+
+static inline int st_current_entry(struct ctx_entry **ret, bool create)
+{
+	struct ctx_entry *e = st_tls_ctx.entry;
+
+	/* Every change of the current context is seen without EMM_CONTEXT_CHECK
+	 * (contexts.c): the cache stands until a shim or a teardown empties it. */
+	if (EMM_LIKELY(e && st_is_enabled() && !st_is_exiting() && !st_tls_in_backend && !st_opts->context_check &&
+	               st_tls_ctx.generation == atomic_load_explicit(&st_ctx_generation, memory_order_acquire) &&
+	               !e->failed)) {
+		*ret = e;
+		return 0;
+	}
+	return st_current_entry_slow(ret, create);
+}
+
+/* The heap of the context current on this thread, created on first use.
+ * 0 and the heap; -ENODEV if no context is current or the driver is not
+ * initialised (the shim then calls the real function so the program gets
+ * the driver's own error); -ENOSYS if libemm is disabled. */
+static inline int st_current_heap(emm_heap_t **ret_heap)
+{
+	struct ctx_entry *e;
+	int ret = st_current_entry(&e, true);
+
+	if (ret < 0)
+		return ret;
+	*ret_heap = e->heap;
+	return 0;
+}
+
+/* Before a free of one of our blocks: make sure the heap of the current
+ * context still belongs to the live context (a reset that bypassed our
+ * shims is noticed here, so the stale block goes to the driver). Cheap:
+ * one cuCtxGetId and a thread-local compare (no call with
+ * EMM_CONTEXT_CHECK off and the thread's cache valid). */
+static inline void st_validate_current(void)
+{
+	struct ctx_entry *e;
+
+	(void)st_current_entry(&e, false);
+}
 
 /* The backend's init for the context of `e` (current) on device `dev`. */
 int st_backend_init(struct ctx_entry *e, CUdevice dev);

@@ -178,7 +178,7 @@ void st_release_run(struct st_release *rel)
 	size_t freed = 0;
 
 	if (rel->n)
-		emm_state_enter();
+		st_enter();
 	for (size_t i = 0; i < rel->n; i++) {
 		struct emm_block_range range;
 		size_t requested = 0;
@@ -192,7 +192,7 @@ void st_release_run(struct st_release *rel)
 			freed++;
 	}
 	if (rel->n)
-		emm_state_leave();
+		st_leave();
 	if (rel->n || rel->lost) {
 		atomic_fetch_add_explicit(&released_total, freed, memory_order_relaxed);
 		emm_debug("graph quarantine: %zu blocks released into their heaps (%zu leaked for lack of memory)",
@@ -473,15 +473,14 @@ void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap)
 	st_unlock(&st_capture_lock);
 }
 
-int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_requested)
+/* Out of line: no capture and nothing watched, every free's case, returns
+ * before it (emm_capture_quarantine_free) without this frame. */
+__attribute__((noinline)) static int quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_requested)
 {
 	struct emm_block_range range;
 	struct qblock *qb;
 	int ret = 0;
 
-	if (EMM_LIKELY(atomic_load_explicit(&st_capture_count, memory_order_acquire) == 0 &&
-	               atomic_load_explicit(&qfilter[qfilter_bucket(addr)], memory_order_acquire) == 0))
-		return 0;
 	/* Only the start of a live block of the right kind; anything else is
 	 * the heap's (and the driver's) to answer. */
 	if (emm_heap_find_block(addr, &range) != 0 || range.base != addr ||
@@ -521,6 +520,14 @@ int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_reques
 		          (unsigned long long)addr, range.size);
 	}
 	return ret;
+}
+
+int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_requested)
+{
+	if (EMM_LIKELY(atomic_load_explicit(&st_capture_count, memory_order_acquire) == 0 &&
+	               atomic_load_explicit(&qfilter[qfilter_bucket(addr)], memory_order_acquire) == 0))
+		return 0;
+	return quarantine_free(addr, pinned, ret_requested);
 }
 
 /* --- graph objects --------------------------------------------------------- */

@@ -103,11 +103,11 @@ int emm_serve_device_alloc(size_t size, emm_stream_t key, const void *stream, bo
 
 	if (size == 0)
 		return -EINVAL;
-	emm_state_enter();
-	r = emm_state_current_heap(&heap);
+	st_enter();
+	r = st_current_heap(&heap);
 	if (r == 0)
 		r = heap_alloc(heap, size, key, stream, report, ret_addr);
-	emm_state_leave();
+	st_leave();
 	return r;
 }
 
@@ -118,11 +118,11 @@ int emm_serve_host_alloc(size_t size, unsigned int flags, bool report, emm_addr_
 
 	if (size == 0)
 		return -EINVAL;
-	emm_state_enter();
+	st_enter();
 	r = emm_state_pinned_heap(flags, &heap);
 	if (r == 0)
 		r = heap_alloc(heap, size, EMM_STREAM_SYNC, NULL, report, ret_addr);
-	emm_state_leave();
+	st_leave();
 	return r;
 }
 
@@ -147,13 +147,13 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 		return -ENOENT;
 	st_assert_unlocked("a free of a libemm block");
 	tls_failed_size = 0; /* memory may have come back */
-	emm_state_enter();
+	st_enter();
 	/* Before the heap may hand it out again; the fill while the block is
 	 * still a region a memory checker knows (emm_state_free_block removes
 	 * the region). */
 	st_poison_block(addr, key);
 	r = emm_state_free_block(addr, key, pinned, &requested);
-	emm_state_leave();
+	st_leave();
 	if (r == 0) {
 		trace(EMM_TRACE_FREE, addr, requested, stream, pinned ? EMM_TRACE_PINNED : EMM_TRACE_DEVICE);
 		if (st_snapshot_on && !pinned) {
@@ -286,13 +286,13 @@ int emm_serve_find_block(emm_addr_t addr, struct emm_block_range *ret_range)
 	void *value;
 	int r;
 
-	emm_state_enter();
+	st_enter();
 	r = emm_heap_find_block(addr, &range);
 	if (r == 0)
 		*ret_range = range;
 	else if (emm_segmap_find(addr, &base, &size, &value) == 0)
 		r = -ENXIO; /* in our segment, in no live block: the driver would not know it */
-	emm_state_leave();
+	st_leave();
 	return r;
 }
 
@@ -301,11 +301,11 @@ int emm_serve_block_context(emm_addr_t addr, CUcontext *ret_ctx)
 	struct emm_block_range range;
 	struct ctx_entry *e = NULL;
 
-	emm_state_enter(); /* the entry outlives the look-up (ipc_export.c's way) */
+	st_enter(); /* the entry outlives the look-up (ipc_export.c's way) */
 	if (emm_serve_find_block(addr, &range) == 0 && !emm_state_heap_is_pinned(range.heap))
 		e = st_heap_entry(range.heap);
 	if (e)
 		*ret_ctx = e->ctx;
-	emm_state_leave();
+	st_leave();
 	return e ? 0 : -ENOENT;
 }

@@ -307,7 +307,7 @@ void emm_state_stream_created(CUstream stream, bool nonblocking)
 	ctx = current_context();
 	if (!ctx)
 		return;
-	emm_state_enter();
+	st_enter();
 	/* Insert and look up under st_ctx_lock, so a heap created concurrently
 	 * either sees the stream in its announcement or is seen here (never
 	 * both). */
@@ -321,7 +321,7 @@ void emm_state_stream_created(CUstream stream, bool nonblocking)
 	 * existed are safe on it. */
 	for (size_t i = 0; i < n; i++)
 		emm_heap_stream_created(heaps[i], key, nonblocking);
-	emm_state_leave();
+	st_leave();
 }
 
 /* The heaps of the context `stream` belongs to (its registry entry, else
@@ -373,11 +373,11 @@ void emm_state_stream_destroy_failed(CUstream stream)
 		return;
 	/* The stream lives on: the heaps fence it again (a non-blocking one is
 	 * announced anew, and waits on the latest epoch marker). */
-	emm_state_enter();
+	st_enter();
 	n = heaps_of_stream(key, heaps);
 	for (size_t i = 0; i < n; i++)
 		emm_heap_stream_created(heaps[i], key, nonblocking);
-	emm_state_leave();
+	st_leave();
 }
 
 void emm_state_stream_destroyed(CUstream stream)
