@@ -216,7 +216,8 @@ int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_
 }
 
 /* Free block b, just taken out of the block map. */
-static int free_taken(struct emm_block *b, emm_stream_t stream, size_t *ret_requested)
+static inline __attribute__((always_inline)) int free_taken(struct emm_block *b, emm_stream_t stream,
+                                                          size_t *ret_requested)
 {
 	struct emm_segment *release = NULL;
 	struct arena *h;

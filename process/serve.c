@@ -61,7 +61,8 @@ static uint64_t now_ns(void)
 }
 
 /* Allocate from `heap`; -ENOMEM is reported (once per call) when `report`. */
-static int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key, const void *stream, bool report,
+static inline __attribute__((always_inline)) int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key,
+                                                          const void *stream, bool report,
                       emm_addr_t *ret_addr)
 {
 	emm_addr_t addr;
