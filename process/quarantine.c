@@ -58,8 +58,7 @@
  * fast path (shims_runtime.c) bypass this module unless that path calls it.
  *
  * Locking: one mutex (st_capture_lock, capture.c) over captures, sets, blocks and graph
- * objects; a leaf. Heap calls (emm_heap_find_block before it, emm_heap_free
- * of released blocks after it) are made without it.
+ * objects; a leaf. Heap calls are made without it.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -368,8 +367,7 @@ static void gobj_copy_sets(struct gobj *dst, const struct gobj *src)
 		if (!dst || !gobj_add_set(dst, src->sets[i])) {
 			src->sets[i]->refs++;
 			emm_warn("graph quarantine: out of memory: %zu blocks of a captured graph stay "
-			         "quarantined until their context goes",
-			         src->sets[i]->n);
+			         "quarantined until their context goes", src->sets[i]->n);
 		}
 	}
 }
@@ -384,8 +382,7 @@ void st_qset_capture_ended_locked(struct st_qset *qs, CUgraph graph, CUcontext c
 		if (!g || !gobj_add_set(g, qs)) {
 			qs->refs++; /* keep it quarantined for good rather than too short */
 			emm_warn("graph quarantine: out of memory: %zu blocks freed during a capture stay "
-			         "quarantined until their context goes",
-			         qs->n);
+			         "quarantined until their context goes", qs->n);
 		} else {
 			emm_debug("graph quarantine: capture ended, graph %p holds %zu blocks (set %llu)",
 			          (void *)graph, qs->n, (unsigned long long)qs->id);
@@ -473,8 +470,6 @@ void emm_capture_note_alloc(emm_addr_t addr, emm_heap_t *heap)
 	st_unlock(&st_capture_lock);
 }
 
-/* Out of line: no capture and nothing watched, every free's case, returns
- * before it (emm_capture_quarantine_free) without this frame. */
 __attribute__((noinline)) static int quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_requested)
 {
 	struct emm_block_range range;
@@ -522,6 +517,7 @@ __attribute__((noinline)) static int quarantine_free(emm_addr_t addr, bool pinne
 	return ret;
 }
 
+/* Every free asks: with no capture and nothing watched, without quarantine_free's frame. */
 int emm_capture_quarantine_free(emm_addr_t addr, bool pinned, size_t *ret_requested)
 {
 	if (EMM_LIKELY(atomic_load_explicit(&st_capture_count, memory_order_acquire) == 0 &&
