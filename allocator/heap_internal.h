@@ -547,8 +547,9 @@ struct arena *emm_heap_thread_arena(const struct emm_heap *heap);
  * accounted in the thread's counters) in *ret, or false. No lock. */
 bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size_t size,
                       emm_stream_t stream, struct emm_block **ret);
-/* A synchronous free (not strict) of live block b, out of the block map:
- * true if the calling thread's cache took it. No lock on the hot path. */
+/* A synchronous free (not strict) of live block b, out of the block map,
+ * in a heap with the cache on (the caller asks heap->tcache): true if the
+ * calling thread's cache took it. No lock on the hot path. */
 bool emm_tcache_free(struct emm_block *b);
 /* An arena miss of `rounded`: if the calling thread's epoch holds half the
  * quota and a block that could serve it, its blocks join the open epoch

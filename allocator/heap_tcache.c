@@ -191,7 +191,7 @@ bool emm_tcache_free(struct emm_block *b)
 	 * host-accessible (pinned) blocks never come back from an epoch at
 	 * once, and a thread moving between a pinned and a device heap would
 	 * flush its cache at every move. */
-	if (EMM_UNLIKELY(!heap->tcache || b->size > TC_MAX_SIZE || h->p.release_threshold != SIZE_MAX ||
+	if (EMM_UNLIKELY(b->size > TC_MAX_SIZE || h->p.release_threshold != SIZE_MAX ||
 	                 h->p.host_accessible))
 		return false;
 	if (EMM_UNLIKELY(!tc_bound(tc, heap) || tc->arena != h)) {

@@ -127,16 +127,6 @@ void st_enter_slow(void)
 	guard_publish(slot);
 }
 
-void emm_state_enter(void)
-{
-	st_enter();
-}
-
-void emm_state_leave(void)
-{
-	st_leave();
-}
-
 /* A teardown started from inside the guard (a reset noticed in
  * st_current_entry, which has not touched a heap yet) steps out before it
  * takes any lock, so that it never waits on a thread that waits on it. */

@@ -142,13 +142,6 @@ const struct emm_options *emm_state_options(void);
 
 /* --- heaps ------------------------------------------------------------- */
 
-/* Bracket everything that touches a heap (a heap pointer from the
- * functions below, emm_heap_* on one of our addresses): a heap is destroyed
- * (context teardown) only while no thread is between the two. Nest freely;
- * cheap (a store, a barrier, a load). */
-void emm_state_enter(void);
-void emm_state_leave(void);
-
 /* The heap of the current context if it exists; never creates one.
  * 0, -ENODEV (no context or none yet), -ENOSYS (disabled). */
 int emm_state_current_heap_lookup(emm_heap_t **ret_heap);

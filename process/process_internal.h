@@ -275,8 +275,10 @@ struct st_tls_ctx {
 };
 extern EMM_TLS_IE struct st_tls_ctx st_tls_ctx;
 
-/* Bracket everything that touches a heap (emm_state_enter, emm_state_leave:
- * process.h), inlined: every allocation and free enters once. Nests. */
+/* Bracket everything that touches a heap (a heap pointer, emm_heap_* on
+ * one of our addresses): a heap is destroyed (context teardown) only while
+ * no thread is between the two. Nest freely; inlined, since every
+ * allocation and free enters once: a store, a barrier and a load. */
 static inline void st_enter(void)
 {
 	struct guard_slot *slot;

@@ -62,8 +62,8 @@ static uint64_t now_ns(void)
 
 /* Allocate from `heap`; -ENOMEM is reported (once per call) when `report`. */
 static inline __attribute__((always_inline)) int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key,
-                                                          const void *stream, bool report,
-                      emm_addr_t *ret_addr)
+                                                            const void *stream, bool report,
+                                                            emm_addr_t *ret_addr)
 {
 	emm_addr_t addr;
 	int r;
