@@ -149,13 +149,8 @@ void emm_heap_garbage_drop(struct arena *h, bool call_ops)
 /* Every block of a completed fence becomes ready-any. */
 void fence_release_blocks(struct arena *h, struct emm_fence *f)
 {
-	struct emm_block *b = f->blocks, *next;
-
-	for (; b; b = next) {
-		next = b->link;
-		h->st.pending -= b->size;
-		emm_pool_block_ready(h, b, 0);
-	}
+	h->st.pending -= f->bytes;
+	emm_pool_ready_list(h, f->blocks);
 	f->blocks = NULL;
 	f->nblocks = 0;
 	f->bytes = 0;

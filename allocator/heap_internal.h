@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * allocator/heap_internal.h - what the files that implement heap.h (heap.c,
- * heap_life.c, heap_size.c, heap_pool.c, heap_fence.c, heap_fence_poll.c,
- * heap_stream.c, heap_oom.c, heap_stats.c, heap_check.c) share beyond the heap's private
- * structures (heap_types.h, included here): the lock order, the small
- * inline helpers of the alloc/free path, and the prototypes those files
- * call across each other.
- * Nothing outside allocator/heap*.c includes it.
+ * heap_life.c, heap_size.c, heap_pool.c, heap_segs.c, heap_fence.c,
+ * heap_fence_poll.c, heap_stream.c, heap_oom.c, heap_stats.c, heap_check.c)
+ * share beyond the heap's private structures (heap_types.h, included
+ * here): the lock order, the small inline helpers of the alloc/free path,
+ * and the prototypes those files call across each other. Nothing outside
+ * allocator/heap*.c includes it.
  *
  * Lock order: heap lock, then the segment map's lock (segmap insert and
  * check run under the heap lock), or then the arena's wait_lock
@@ -357,17 +357,21 @@ static inline void pending_add(struct arena *h, struct emm_fence *f, struct emm_
 	h->st.pending += b->size;
 }
 
-/* --- heap_pool.c: blocks, trees, splitting and coalescing, segments ------- */
+/* --- heap_pool.c: blocks, trees, splitting and coalescing ---------------- */
 
 /* Make a free block ready under `key` (0: any), merging with neighbours that
  * are ready under the same key. Never merges live or pending blocks. */
 struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm_stream_t key);
+/* The same (key 0) for every block of a list through link, each free and in
+ * no index: one index operation per run of neighbours, not two a block. */
+void emm_pool_ready_list(struct arena *h, struct emm_block *list);
+/* Take a ready block out of its index (its segment off the idle list). */
+void emm_pool_unready(struct arena *h, struct emm_block *b);
 
 /* Hand out a ready block: take it out of its tree, split off the remainder
  * (which stays ready under the same key), mark it live. */
 void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
                          emm_stream_t stream);
-
 /* Reserve a ready block (steal candidate): out of its tree, state RESERVED. */
 void emm_pool_reserve(struct arena *h, struct emm_block *b);
 /* emm_pool_take_block for a reserved block (no tree to leave; the
@@ -378,21 +382,22 @@ void emm_pool_take_reserved(struct arena *h, struct emm_block *b, size_t rounded
 /* Gather the blocks ready under `key` (both pools) into a list through
  * link, taking them out of the trees and marking them pending. */
 struct emm_block *emm_pool_collect_key(struct arena *h, emm_stream_t key);
-
 /* Is any block ready under `key`, in either pool? */
 bool emm_pool_has_key(struct arena *h, emm_stream_t key);
-
 /* The smallest stream key > after present in either tree, or 0 if none. */
 emm_stream_t emm_pool_next_key(struct arena *h, emm_stream_t after);
 
 /* Block metadata from the arena's slabs (NULL without memory), and back. */
 struct emm_block *emm_pool_block_new(struct arena *h);
+void emm_pool_block_recycle(struct arena *h, struct emm_block *b);
+
+/* --- heap_segs.c: segments ------------------------------------------------ */
+
 /* Arena h has a new segment. On its first, set its bit in owner->holding,
  * and widen every arena's epochs when that makes EPOCH_WIDE_ARENAS
  * (heap_types.h). h's lock held; the other arenas' quotas are stored
  * without theirs. */
 void emm_pool_note_holding(struct arena *h);
-void emm_pool_block_recycle(struct arena *h, struct emm_block *b);
 
 /* Bytes of a segment with memory behind them. */
 static inline size_t seg_mapped_bytes(const struct arena *h, const struct emm_segment *s)

@@ -70,6 +70,7 @@ enum block_state {
 	BLOCK_READY,
 	BLOCK_PENDING,
 	BLOCK_RESERVED, /* a steal candidate, out of its index while its fence op runs */
+	BLOCK_MERGING,  /* inside emm_pool_ready_list only */
 };
 
 struct emm_segment;

@@ -65,6 +65,20 @@ void emm_sfit_insert(struct emm_sfit *t, struct emm_sfit_node *n);
 /* Unlink a linked node. */
 void emm_sfit_remove(struct emm_sfit *t, struct emm_sfit_node *n);
 
+/* A linked node's block grew or moved (a merge kept its node): relinked
+ * only if its bin changed. */
+static inline void emm_sfit_update(struct emm_sfit *t, struct emm_sfit_node *n, uint64_t size, uint64_t addr)
+{
+	bool move = emm_sfit_bin(size) != n->bin;
+
+	if (move)
+		emm_sfit_remove(t, n);
+	n->size = size;
+	n->addr = addr;
+	if (move)
+		emm_sfit_insert(t, n);
+}
+
 /* The smallest node of size >= size (lowest address among equals), within
  * the scan bound above; NULL if none. */
 struct emm_sfit_node *emm_sfit_best(const struct emm_sfit *t, uint64_t size);

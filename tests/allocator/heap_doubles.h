@@ -427,6 +427,20 @@ static inline int fake_heap_create(const struct emm_heap_params *p, struct fake_
 	return emm_heap_create(p, &s, &f, 0, ret);
 }
 
+/* fake_heap_create with one arena (blocks carved in address order) and
+ * epochs of 16 frees, the OOM retry on or off. */
+static inline int fake_heap_create_one_arena(struct fake_src *src, size_t capacity, bool oom_retry,
+                                             struct fake_fence *fence, emm_heap_t **ret)
+{
+	struct emm_heap_params p;
+
+	emm_heap_params_default(&p);
+	p.epoch_max_blocks = 16;
+	p.oom_retry = oom_retry;
+	p.arenas = 1;
+	return fake_heap_create(&p, src, capacity, fence, ret);
+}
+
 /* Check and destroy a heap made by fake_heap_create, then verify nothing
  * leaked (every segment back, every event released, no misuse) and free
  * the doubles (emm_test.h records failures). */

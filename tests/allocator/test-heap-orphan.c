@@ -30,16 +30,9 @@ static struct fake_fence fence;
  * allocation either reuses the freed blocks or fails with -ENOMEM. */
 static emm_heap_t *setup(void)
 {
-	struct emm_heap_params p;
 	emm_heap_t *h = NULL;
 
-	emm_heap_params_default(&p);
-	p.epoch_max_blocks = 16;
-	p.oom_retry = false;
-	p.arenas = 1;
-	if (fake_heap_create(&p, &src, 2 * MIB, &fence, &h))
-		return NULL;
-	return h;
+	return fake_heap_create_one_arena(&src, 2 * MIB, false, &fence, &h) ? NULL : h;
 }
 
 static void teardown(emm_heap_t *h)
