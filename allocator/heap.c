@@ -167,7 +167,7 @@ static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t si
 	b = find_block(h, pool, rounded, stream);
 	if (EMM_LIKELY(b)) {
 		h->st.hits++;
-		emm_pool_take_block(h, b, rounded, size, stream);
+		b = emm_pool_take_block(h, b, rounded, size, stream);
 		if (EMM_LIKELY(!b->seg->unmapped)) {
 			addr = b->addr;
 			arena_unlock(h);

@@ -104,7 +104,7 @@ static bool take_other_arena(struct arena *h, unsigned pool, size_t rounded, siz
 		}
 		if (b && !b->seg->unmapped) { /* pages to map: that arena's own business */
 			a->st.hits++;
-			emm_pool_take_block(a, b, rounded, size, stream);
+			b = emm_pool_take_block(a, b, rounded, size, stream);
 		} else {
 			b = NULL;
 		}
@@ -182,12 +182,12 @@ int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t s
 		return r;
 	}
 	h->st.misses++;
-	emm_pool_take_block(h, b, rounded, size, stream);
+	b = emm_pool_take_block(h, b, rounded, size, stream);
 	*ret = b;
 	return 0;
 hit:
 	h->st.hits++;
-	emm_pool_take_block(h, b, rounded, size, stream);
+	b = emm_pool_take_block(h, b, rounded, size, stream);
 	*ret = b;
 	return 0;
 }
@@ -201,7 +201,7 @@ static inline int take_any(struct arena *h, unsigned pool, size_t rounded, size_
 
 	if (EMM_LIKELY(b)) {
 		h->st.hits++;
-		emm_pool_take_block(h, b, rounded, size, stream);
+		b = emm_pool_take_block(h, b, rounded, size, stream);
 		*ret = b;
 		return 0;
 	}

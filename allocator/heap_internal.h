@@ -369,9 +369,10 @@ void emm_pool_ready_list(struct arena *h, struct emm_block *list);
 void emm_pool_unready(struct arena *h, struct emm_block *b);
 
 /* Hand out a ready block: take it out of its tree, split off the remainder
- * (which stays ready under the same key), mark it live. */
-void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
-                         emm_stream_t stream);
+ * (which stays ready under the same key), mark it live. Returns the live
+ * block: a new struct when a ready-any b splits (b stays the remainder). */
+struct emm_block *emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
+                                      emm_stream_t stream);
 /* Reserve a ready block (steal candidate): out of its tree, state RESERVED. */
 void emm_pool_reserve(struct arena *h, struct emm_block *b);
 /* emm_pool_take_block for a reserved block (no tree to leave; the

@@ -259,6 +259,19 @@ static inline bool should_split(const struct arena *h, const struct emm_block *b
 	return rounded < h->p.max_split && rem > h->p.small_max;
 }
 
+/* Mark a block live for a request of `size` on `stream`, and count it. */
+static inline void take_live(struct arena *h, struct emm_block *b, size_t size, emm_stream_t stream)
+{
+	b->state = BLOCK_LIVE;
+	b->requested = size;
+	b->stream = stream;
+	h->st.allocs++;
+	h->st.live_blocks++;
+	stat_add(&h->st.allocated, &h->st.allocated_peak, &h->st.allocated_total, b->size);
+	stat_add(&h->st.requested, &h->st.requested_peak, &h->st.requested_total, size);
+	stat_delta(h, (int64_t)b->size, (int64_t)size);
+}
+
 static inline void take_common(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
                                emm_stream_t stream, bool reserved)
 {
@@ -291,23 +304,45 @@ static inline void take_common(struct arena *h, struct emm_block *b, size_t roun
 			}
 		}
 	}
-	b->state = BLOCK_LIVE;
-	b->requested = size;
-	b->stream = stream;
-	h->st.allocs++;
-	h->st.live_blocks++;
-	stat_add(&h->st.allocated, &h->st.allocated_peak, &h->st.allocated_total, b->size);
-	stat_add(&h->st.requested, &h->st.requested_peak, &h->st.requested_total, size);
-	stat_delta(h, (int64_t)b->size, (int64_t)size);
+	take_live(h, b, size, stream);
 }
 
-/* Hand out a ready block: take it out of its tree, split off the remainder
- * (which stays ready under the same key), mark it live. */
-void emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
-                         emm_stream_t stream)
+/* Hand out a ready block: split off the remainder (which stays ready under
+ * the same key), mark it live. A ready-any block that splits stays where it
+ * is in the sfit, as the remainder (relinked only if its bin changes: not
+ * for a small piece of a large block), and the live part gets a new struct:
+ * the block returned. */
+struct emm_block *emm_pool_take_block(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
+                                      emm_stream_t stream)
 {
+	struct emm_block *a;
+
+	if (b->stream == 0 && b->size > rounded && should_split(h, b, rounded) && (a = block_new(h))) {
+		struct emm_segment *s = b->seg;
+		if (s->idle)
+			idle_del(h, s);
+		a->seg = s;
+		a->pool = b->pool;
+		a->addr = b->addr;
+		a->size = rounded;
+		a->prev = b->prev;
+		a->next = b;
+		if (a->prev)
+			a->prev->next = a;
+		else
+			s->first = a;
+		b->prev = a;
+		b->addr += rounded;
+		b->size -= rounded;
+		/* b was maximal, so its other neighbour is not mergeable. */
+		emm_sfit_update(&h->ready[b->pool], &b->fnode, b->size, b->addr);
+		h->st.splits++;
+		take_live(h, a, size, stream);
+		return a;
+	}
 	index_take(h, b);
 	take_common(h, b, rounded, size, stream, false);
+	return b;
 }
 
 void emm_pool_take_reserved(struct arena *h, struct emm_block *b, size_t rounded, size_t size,

@@ -64,9 +64,10 @@ static void run_epochs(emm_heap_t *h, emm_addr_t *a, bool late)
 	struct emm_stats st;
 
 	for (int i = 0; i < N; i++) {
-		a[i] = xalloc(h, BLK, 0);
+		a[i] = xalloc(h, BLK, 0); /* a piece of the remainder, which keeps its sfit node */
 		if (i > 0)
 			expect_u64_eq(a[i], a[i - 1] + BLK);
+		CHECKH(h);
 	}
 	free_scrambled(a, e1, 16);
 	CHECKH(h);
