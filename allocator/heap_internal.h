@@ -518,8 +518,7 @@ unsigned emm_heap_inflight_enter(struct arena *h);
 void emm_heap_inflight_leave(struct arena *h, unsigned phase);
 void emm_heap_inflight_quiesce(struct arena *h);
 void emm_heap_fence_reset(struct emm_fence *f);
-/* Every block of a completed fence becomes ready-any (heap_fence.c, for
- * heap_fence_poll.c). */
+/* Every block of a completed fence becomes ready-any (for heap_fence_poll.c). */
 void fence_release_blocks(struct arena *h, struct emm_fence *f);
 /* A finished fence: its events become garbage, the struct is recycled. */
 void emm_heap_fence_recycle(struct arena *h, struct emm_fence *f);
@@ -535,13 +534,12 @@ emm_stream_t emm_heap_fence_target(const struct arena *h, emm_stream_t s);
 int emm_heap_close_epoch(struct arena *h);
 
 /* Close a thread cache's epoch: the blocks of `list` (linked through link,
- * already accounted as freed, in no fence) and those of the open epoch
- * become one fence of their own, recorded like the open epoch (orphans of blocking streams join it). On
- * the fast path (no live non-blocking stream; see emm_heap_close_epoch)
- * they come back at once in *ret_ready (state BLOCK_LIVE, tcached, ready-any
- * for the caller's cache); otherwise the fence is queued in the arena, or
- * on failure (-EBUSY under capture, -errno) the blocks join the open epoch.
- * Lock held; dropped around the records. */
+ * accounted as freed, in no fence) and the open epoch's become one fence,
+ * recorded like the open epoch (orphans of blocking streams join it). On the
+ * fast path (no live non-blocking stream) they come back at once in
+ * *ret_ready (BLOCK_LIVE, tcached, ready-any for the caller's cache); else
+ * the fence is queued, or on failure (-EBUSY under capture, -errno) the
+ * blocks join the open epoch. Lock held; dropped around the records. */
 int emm_heap_close_blocks(struct arena *h, struct emm_block *list, struct emm_block **ret_ready);
 
 /* --- heap_tcache.c, heap_tcache_registry.c: the per-thread front cache --- */
@@ -561,14 +559,12 @@ bool emm_tcache_free(struct emm_block *b);
  * quota and a block that could serve it, its blocks join the open epoch
  * (for the pressure rule to close). Lock held, never dropped. */
 void emm_tcache_pressure_locked(struct arena *h, size_t rounded);
-/* Give the calling thread's cached blocks of arena h back to it (OOM
- * retry). Lock held. */
+/* The calling thread's cached blocks of arena h back to it (OOM retry). */
 void emm_tcache_flush_locked(struct arena *h);
 /* The calling thread's counters for arena h into it (an allocation the
  * arena serves: its peaks stay exact for one thread). Lock held. */
 void emm_tcache_apply_locked(struct arena *h);
-/* Everything in the calling thread's cache of `heap` back to it. No lock
- * held. */
+/* Everything in the calling thread's cache of `heap` back to it. No lock. */
 void emm_tcache_sync(struct emm_heap *heap);
 /* Statistics: between begin and end (no arena lock held at begin), with
  * arena h locked, add every thread's counters for h to *c (merged on read)
@@ -576,15 +572,14 @@ void emm_tcache_sync(struct emm_heap *heap);
 void emm_tcache_stats_begin(void);
 void emm_tcache_stats_end(void);
 size_t emm_tcache_add_counters(struct arena *h, struct heap_counters *c);
-/* Heap lifecycle: a uid for a new heap; a heap about to be destroyed (every
- * thread's cache forgets its blocks); every cache to flush at its next use
- * (trim). */
+/* A uid for a new heap; a heap about to go (every cache forgets its
+ * blocks); every cache to flush at its next use (trim). */
 void emm_tcache_heap_created(struct emm_heap *heap);
 void emm_tcache_heap_destroyed(struct emm_heap *heap);
 void emm_tcache_flush_all(void);
 
-/* Move completed fences' blocks to ready-any; true if any became ready.
- * Lock held; dropped around the queries (heap_fence_poll.c). */
+/* Completed fences' blocks to ready-any; true if any. Lock held, dropped
+ * around the queries (heap_fence_poll.c). */
 bool emm_heap_poll_fences(struct arena *h);
 
 /* Fence every block ready under `key` with one event recorded on `target`
