@@ -154,8 +154,8 @@ static int publish(struct arena *h, struct emm_block *b, emm_addr_t addr, emm_st
 
 /* --- allocate and free ---------------------------------------------------- */
 
-static int arena_alloc(struct arena *h, unsigned pool, size_t rounded, size_t size, emm_stream_t stream,
-                       emm_addr_t *ret_addr)
+static inline __attribute__((always_inline)) int arena_alloc(struct arena *h, unsigned pool, size_t rounded,
+                                                              size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
 {
 	struct emm_block *b;
 	emm_addr_t addr;
@@ -210,9 +210,8 @@ int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_
 	struct emm_block *b;
 	if (heap->tcache && emm_tcache_alloc(heap, pool, rounded, size, stream, &b))
 		return publish(b->seg->arena, b, b->addr, stream, ret_addr);
-	if (EMM_UNLIKELY(heap->large_shared) && pool == POOL_LARGE)
-		return arena_alloc(heap->arenas[0], pool, rounded, size, stream, ret_addr);
-	return arena_alloc(thread_arena(heap), pool, rounded, size, stream, ret_addr);
+	struct arena *a = EMM_UNLIKELY(heap->large_shared) && pool == POOL_LARGE ? heap->arenas[0] : thread_arena(heap);
+	return arena_alloc(a, pool, rounded, size, stream, ret_addr);
 }
 
 /* Free block b, just taken out of the block map. */

@@ -22,25 +22,31 @@
 
 /* --- metadata recycling --------------------------------------------------- */
 
-static struct emm_block *block_new(struct arena *h)
+/* A new slab of block structs on the recycle list: its first, or NULL. */
+static __attribute__((noinline)) struct emm_block *block_slab_new(struct arena *h)
+{
+	/* One slab: a pointer-sized header chaining the slabs, then blocks. */
+	size_t hdr = EMM_ALIGN_UP(sizeof(void *), _Alignof(struct emm_block));
+	char *slab = heap_zalloc_lines(hdr + BLOCK_SLAB * sizeof(struct emm_block));
+
+	if (!slab)
+		return NULL;
+	*(void **)slab = h->slabs;
+	h->slabs = slab;
+	struct emm_block *arr = (struct emm_block *)(slab + hdr);
+	for (unsigned i = 0; i < BLOCK_SLAB; i++) {
+		arr[i].state = BLOCK_UNUSED;
+		arr[i].link = i + 1 < BLOCK_SLAB ? &arr[i + 1] : NULL;
+	}
+	return arr;
+}
+
+static inline struct emm_block *block_new(struct arena *h)
 {
 	struct emm_block *b = h->block_free;
 
-	if (EMM_UNLIKELY(!b)) {
-		/* One slab: a pointer-sized header chaining the slabs, then blocks. */
-		size_t hdr = EMM_ALIGN_UP(sizeof(void *), _Alignof(struct emm_block));
-		char *slab = heap_zalloc_lines(hdr + BLOCK_SLAB * sizeof(struct emm_block));
-		if (!slab)
-			return NULL;
-		*(void **)slab = h->slabs;
-		h->slabs = slab;
-		struct emm_block *arr = (struct emm_block *)(slab + hdr);
-		for (unsigned i = 0; i < BLOCK_SLAB; i++) {
-			arr[i].state = BLOCK_UNUSED;
-			arr[i].link = i + 1 < BLOCK_SLAB ? &arr[i + 1] : NULL;
-		}
-		b = arr;
-	}
+	if (EMM_UNLIKELY(!b) && !(b = block_slab_new(h)))
+		return NULL;
 	h->block_free = b->link;
 	b->prev = b->next = NULL;
 	b->link = NULL;

@@ -8,13 +8,13 @@
  * (capture.c) and keeps its region for a memory checker, and only then does
  * it leave the checker's books and go back to its heap - if it is of the
  * space the call frees (device or pinned host), checked as the heap takes
- * it. Each step leaves a block of the other space alone.
+ * it. Each step leaves a block of the other space alone. block_free.h
+ * inlines the short way (no pinned heap, no retired one) into serve.c's
+ * free; here are the long way and the flag word that chooses.
  */
-#include <errno.h>
+#include "process/block_free.h"
 
-#include "process/annotate.h"
-#include "process/process_internal.h"
-#include "process/process.h"
+atomic_uint st_free_flags;
 
 /* Under the block map's lock (emm_heap_free_if): the block's heap is of
  * the space the free names. */
@@ -23,16 +23,12 @@ static bool space_is(const emm_heap_t *heap, const void *pinned)
 	return emm_state_heap_is_pinned(heap) == *(const bool *)pinned;
 }
 
-int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested)
+/* st_free_block's long way: a retired heap's block, or a pinned heap
+ * alive (or a pinned free). */
+int st_free_block_slow(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested)
 {
 	int r;
 
-	st_validate_current();
-	r = emm_capture_quarantine_free(addr, pinned, ret_requested);
-	if (r > 0)
-		return 0; /* a graph may still use it: a memory checker keeps its region */
-	if (r < 0)
-		return -EINVAL;
 	/* A retired heap's block (contexts_retire.c): its idle memory goes
 	 * back after the free. */
 	emm_heap_t *retired = st_retired_heap_of(addr);
@@ -43,7 +39,7 @@ int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t 
 	 * driver's to refuse. With no pinned heap every block is device
 	 * memory: no question. The space is checked as the block is taken,
 	 * in the same block map operation. */
-	if (pinned || emm_state_have_pinned()) {
+	if (pinned || (atomic_load_explicit(&st_free_flags, memory_order_relaxed) & ST_FREE_PINNED)) {
 		r = emm_heap_free_if(addr, key, space_is, &pinned, ret_requested);
 		if (r == -EXDEV)
 			return -ENOENT;

@@ -26,12 +26,11 @@
 
 #include "common/compiler.h"
 #include "common/log.h"
+#include "process/block_free.h"
 #include "process/process_internal.h"
 #include "process/process.h"
 
 #define MAX_RETIRE 16 /* contexts of one device retired at once */
-
-static atomic_bool any_retired;
 
 static bool on_device(const struct ctx_entry *e, const void *arg)
 {
@@ -59,7 +58,7 @@ static void swap_locked(void *arg)
 		a->old = e->heap;
 		e->retired = a->old;
 		e->heap = a->fresh;
-		atomic_store(&any_retired, true);
+		atomic_fetch_or(&st_free_flags, ST_FREE_RETIRED);
 	}
 }
 
@@ -98,7 +97,7 @@ emm_heap_t *st_retired_heap_of(emm_addr_t addr)
 	bool retired;
 
 	/* A free names a block's start: the block map knows its heap. */
-	if (EMM_LIKELY(!atomic_load_explicit(&any_retired, memory_order_relaxed)) ||
+	if (EMM_LIKELY(!(atomic_load_explicit(&st_free_flags, memory_order_relaxed) & ST_FREE_RETIRED)) ||
 	    !(heap = emm_heap_of_block(addr)))
 		return NULL;
 	st_lock(&st_ctx_lock);

@@ -15,10 +15,9 @@
 #include <stdatomic.h>
 
 #include "common/compiler.h"
+#include "process/block_free.h"
 #include "process/process_internal.h"
 #include "process/process.h"
-
-static atomic_bool have_pinned;
 
 static int host_seg_alloc(void *state, size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
 {
@@ -49,7 +48,7 @@ static void publish_pinned_locked(void *arg)
 
 	if (!cur) {
 		atomic_store_explicit(&p->entry->pinned[p->flags], p->heap, memory_order_release);
-		atomic_store(&have_pinned, true);
+		atomic_fetch_or(&st_free_flags, ST_FREE_PINNED);
 		cur = p->heap;
 	}
 	p->winner = cur;
@@ -113,12 +112,7 @@ bool emm_state_heap_is_pinned(const emm_heap_t *heap)
 	return emm_heap_device(heap) == -2;
 }
 
-bool emm_state_have_pinned(void)
-{
-	return atomic_load_explicit(&have_pinned, memory_order_relaxed);
-}
-
 void st_pinned_fork_child(void)
 {
-	atomic_store(&have_pinned, false);
+	atomic_fetch_and(&st_free_flags, ~ST_FREE_PINNED);
 }

@@ -154,10 +154,6 @@ size_t emm_state_pitch_alignment(void);
 /* True if `heap` serves pinned host memory (device -2). */
 bool emm_state_heap_is_pinned(const emm_heap_t *heap);
 
-/* True once any pinned heap exists (cuMemFree must then check the space of
- * the block before freeing it). */
-bool emm_state_have_pinned(void);
-
 /* Idle cached bytes of every device heap on the current context's device
  * (for cuMemGetInfo); 0 when none. */
 size_t emm_state_idle_bytes_current_device(void);
@@ -253,16 +249,6 @@ void emm_capture_fork_child(void);
 /* Blocks quarantined so far, released so far, held now; and frees let
  * through as their own thread's beside a capture (quarantine.c). */
 void emm_capture_stats(uint64_t *ret_quarantined, uint64_t *ret_released, size_t *ret_held, uint64_t *ret_beside);
-
-/*
- * Free `addr` for the program, under the heap guard (block_free.c): 0 and
- * the block's requested size when libemm took it (freed, or quarantined for
- * a captured graph); -ENOENT when it is not ours or is of the other space
- * (device vs pinned: the driver refuses it without touching it); -EINVAL
- * when it lies in our memory but is no live block start (double free,
- * interior pointer).
- */
-int emm_state_free_block(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *ret_requested);
 
 /* --- context teardown -------------------------------------------------- */
 

@@ -34,6 +34,7 @@
 #include "common/compiler.h"
 #include "common/log.h"
 #include "process/annotate.h"
+#include "process/block_free.h"
 #include "process/poison.h"
 #include "process/process.h"
 #include "process/process_internal.h"
@@ -61,14 +62,14 @@ static uint64_t now_ns(void)
 }
 
 /* Allocate from `heap`; -ENOMEM is reported (once per call) when `report`. */
-static inline __attribute__((always_inline)) int heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t key,
-                                                            const void *stream, bool report,
+static inline __attribute__((always_inline)) int heap_alloc(emm_heap_t *heap, bool pinned, size_t size,
+                                                            emm_stream_t key, const void *stream, bool report,
                                                             emm_addr_t *ret_addr)
 {
 	emm_addr_t addr;
 	int r;
 
-	enum emm_trace_memory memory = emm_heap_device(heap) == -2 ? EMM_TRACE_PINNED : EMM_TRACE_DEVICE;
+	enum emm_trace_memory memory = pinned ? EMM_TRACE_PINNED : EMM_TRACE_DEVICE;
 	bool just_failed = EMM_UNLIKELY(tls_failed_size == size) && now_ns() - tls_failed_ns < RETRY_WINDOW_NS;
 
 	st_assert_unlocked("emm_heap_alloc");
@@ -107,7 +108,7 @@ int emm_serve_device_alloc(size_t size, emm_stream_t key, const void *stream, bo
 	st_enter();
 	r = st_current_heap(&heap);
 	if (r == 0)
-		r = heap_alloc(heap, size, key, stream, report, ret_addr);
+		r = heap_alloc(heap, false, size, key, stream, report, ret_addr);
 	st_leave();
 	return r;
 }
@@ -122,7 +123,7 @@ int emm_serve_host_alloc(size_t size, unsigned int flags, bool report, emm_addr_
 	st_enter();
 	r = emm_state_pinned_heap(flags, &heap);
 	if (r == 0)
-		r = heap_alloc(heap, size, EMM_STREAM_SYNC, NULL, report, ret_addr);
+		r = heap_alloc(heap, true, size, EMM_STREAM_SYNC, NULL, report, ret_addr);
 	st_leave();
 	return r;
 }
@@ -150,10 +151,10 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 	tls_failed_size = 0; /* memory may have come back */
 	st_enter();
 	/* Before the heap may hand it out again; the fill while the block is
-	 * still a region a memory checker knows (emm_state_free_block removes
+	 * still a region a memory checker knows (st_free_block removes
 	 * the region). */
 	st_poison_block(addr, key);
-	r = emm_state_free_block(addr, key, pinned, &requested);
+	r = st_free_block(addr, key, pinned, &requested);
 	st_leave();
 	if (r == 0) {
 		trace(EMM_TRACE_FREE, addr, requested, stream, pinned ? EMM_TRACE_PINNED : EMM_TRACE_DEVICE);

@@ -167,5 +167,5 @@ TEST_END
 
 int main(void)
 {
-	return emm_test_run(test_runs_fast_path, test_runs_late_fence, test_whole_segment);
+	return emm_test_run(test_runs_fast_path, test_runs_late_fence, test_whole_segment, NULL);
 }
