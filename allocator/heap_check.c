@@ -133,8 +133,9 @@ static int check_locked(struct arena *h, const struct heap_counters *c)
 			case BLOCK_READY:
 				if (b->stream == 0)
 					CHECK(emm_sfit_node_linked(&b->fnode) &&
-					          b->fnode.bin == emm_sfit_bin(b->size),
-					      "ready-any block 0x%llx (+%zu) not in its pool's index",
+					          b->fnode.bin == emm_sfit_bin(b->size) &&
+					          b->fnode.size == b->size && b->fnode.addr == b->addr,
+					      "ready-any block 0x%llx (+%zu) not in its pool's index as it is",
 					      (unsigned long long)b->addr, b->size);
 				else
 					CHECK(emm_tree_node_linked(&b->node) &&
