@@ -178,11 +178,20 @@ struct emm_block *emm_pool_block_ready(struct arena *h, struct emm_block *b, emm
 	return b;
 }
 
+/* Block n merged into a neighbour: marked unused and chained through prev on
+ * *dead, recycled once the list is walked (its link may still be read). */
+static inline void merged_away(struct arena *h, struct emm_block *n, struct emm_block **dead)
+{
+	n->state = BLOCK_UNUSED;
+	n->prev = *dead;
+	*dead = n;
+	h->st.merges++;
+}
+
 /* The run of blocks being made ready around b, [first, last], absorbed into
  * one: a ready-any neighbour before it keeps its struct and its sfit node,
  * else first does; a ready-any neighbour after it joins. The absorbed
- * blocks are marked unused and chained through prev on *dead (their link
- * may still be walked). */
+ * blocks go to *dead (merged_away). */
 static void ready_run(struct arena *h, struct emm_block *b, struct emm_block **dead)
 {
 	struct emm_block *first = b, *last = b, *keep, *n, *after;
@@ -200,21 +209,14 @@ static void ready_run(struct arena *h, struct emm_block *b, struct emm_block **d
 	}
 	after = last->next;
 	emm_addr_t end = last->addr + last->size;
-	for (n = keep->next; n != after; n = n->next) {
-		n->state = BLOCK_UNUSED;
-		n->prev = *dead;
-		*dead = n;
-		h->st.merges++;
-	}
+	for (n = keep->next; n != after; n = n->next)
+		merged_away(h, n, dead);
 	if (after && after->state == BLOCK_READY && after->stream == 0) {
 		index_take(h, after);
 		end += after->size;
 		n = after;
 		after = after->next;
-		n->state = BLOCK_UNUSED;
-		n->prev = *dead;
-		*dead = n;
-		h->st.merges++;
+		merged_away(h, n, dead);
 	}
 	keep->size = end - keep->addr;
 	keep->next = after;
