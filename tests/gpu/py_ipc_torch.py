@@ -11,8 +11,19 @@ place, and the parent sees the change.
            test checks and then reports as a skip).
   caching  PyTorch's caching allocator: its 2 MiB segment is a libemm block
            inside a 20 MiB libemm segment; PyTorch exports that block's
-           handle and sends each tensor's offset in it."""
+           handle and sends each tensor's offset in it.
+
+A producer that exits while PyTorch still keeps sent blocks in its limbo
+(consumer references it has not seen released: "Producer process has been
+terminated before all shared CUDA tensors released") takes PyTorch's own
+shutdown path for them, which crashed once in a GPU-suite run on two GPUs
+(SIGSEGV after the test had passed; not reproduced in 11 runs alone, with
+and without libemm; PyTorch issue 51619 is a crash on that path). The
+producer therefore empties the limbo with torch.cuda.ipc_collect() once
+the consumer is gone, as PyTorch's note on sharing CUDA tensors asks, and
+faulthandler prints where any crash happens."""
 import ctypes
+import faulthandler
 import os
 import sys
 
@@ -104,7 +115,9 @@ def main():
             case.check(torch.equal(ts[i].cpu(), expected(torch, i, SIZES[i])),
                        "tensor %d changed in the producer" % i)
         del ts
+        torch.cuda.ipc_collect()
 
+    faulthandler.enable()
     case.run(test_share_tensors)
     case.finish()
 
