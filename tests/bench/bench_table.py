@@ -8,6 +8,8 @@ steps_per_s and peak_nvml_gib, grouped by variant, medians over the rounds.
 
 BASE: the variant the others' steps/s are divided by; EXTRA: the key whose
 value each round is listed too (a loss, a checksum: equal results).
+Where rounds carry base_nvml_mib, peak_nvml_mib and pool_peak_mib
+(torch_train.py), a table gives each variant's memory at MiB precision.
 Where rounds carry allocs_per_step and alloc_us (cupy_bench.py
 --alloc-pairs), a second table gives each variant's allocator time in a
 step and the most that a free allocator would gain over BASE.
@@ -39,6 +41,18 @@ def main():
         print("| %s%s | %.2f | %s | %.2f | %s | %s |" % (
             name, served, sps, "%.2fx" % (sps / ref) if ref else "-", median(rs, "peak_nvml_gib"),
             " ".join(r.get(extra, "?") for r in rs), " ".join(r["steps_per_s"] for r in rs)))
+
+    mem = [(name, rs) for name, rs in rows.items() if all("pool_peak_mib" in r for r in rs)]
+    if mem:
+        print()
+        print("| variant | NVML at the loop's start MiB | NVML peak MiB | peak minus start MiB |"
+              " allocator's reserved peak MiB (each round) |")
+        print("|---|---|---|---|---|")
+        for name, rs in mem:
+            print("| %s | %.1f | %.1f | %.1f | %.1f (%s) |" % (
+                name, median(rs, "base_nvml_mib"), median(rs, "peak_nvml_mib"),
+                statistics.median(float(r["peak_nvml_mib"]) - float(r["base_nvml_mib"]) for r in rs),
+                median(rs, "pool_peak_mib"), " ".join(r["pool_peak_mib"] for r in rs)))
 
     cost = [(name, rs) for name, rs in rows.items() if all("alloc_us" in r for r in rs)]
     if not cost:

@@ -55,7 +55,7 @@ for r in $(seq 1 "$rounds"); do
 			# "vmm+EMM_HOLD_PEAK=off": the backend, then settings of its own
 			extra=()
 			[ "${b%%+*}" = "$b" ] || IFS=+ read -r -a extra <<<"${b#*+}"
-			run "emm-$b" PYTORCH_NO_CUDA_MEMORY_CACHING=1 LD_PRELOAD="$lib" EMM_BACKEND="${b%%+*}" "${extra[@]}"
+			run "emm-$b" PYTORCH_NO_CUDA_MEMORY_CACHING=1 PYTHONPATH="$pkg" LD_PRELOAD="$lib" EMM_BACKEND="${b%%+*}" "${extra[@]}"
 		done ;;
 		*) echo "unknown variant '$v' (caching, expandable, door, emm)" >&2; exit 2 ;;
 		esac

@@ -5,8 +5,13 @@ sequence length changes every step (so tensor sizes keep changing), with
 NVML's used device memory sampled by a thread every 2 ms. Prints one line
 
     TORCH-TRAIN variant=NAME steps=N steps_per_s=X peak_nvml_gib=Y loss=L
+        peak_nvml_mib=P base_nvml_mib=B pool_peak_mib=R
 
-(`loss` is the last step's loss, for comparing variants' results). The
+(`loss` is the last step's loss, for comparing variants' results; B is
+NVML's used memory as the loop starts, model and context in place, and R
+the allocator's own peak of reserved memory: PyTorch's
+max_memory_reserved, or libemm's reserved_bytes_peak under the preload or
+the door, python/ on PYTHONPATH). The
 variant (how PyTorch allocates) is chosen by the caller's environment:
 PYTORCH_NO_CUDA_MEMORY_CACHING=1 (every tensor a cudaMalloc, served by
 libemm when it is preloaded), PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
@@ -41,28 +46,37 @@ def nvml_index(ordinal=0):
     return ordinal
 
 
-def nvml_used_sampler(index=None):
-    """Sample NVML's used memory of GPU `index` (cuda:0's by default) every
-    2 ms from a thread; returns finish(), which stops it and gives the peak
-    used bytes."""
+class NvmlMemory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def nvml_reader(index=None):
+    """A function giving NVML's used bytes of GPU `index` (cuda:0's by default), 0 on failure."""
     if index is None:
         index = nvml_index()
     lib = ctypes.CDLL("libnvidia-ml.so.1")
     lib.nvmlInit_v2()
     handle = ctypes.c_void_p()
     lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle))
+    m = NvmlMemory()
 
-    class Mem(ctypes.Structure):
-        _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+    def used():
+        return m.used if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(m)) == 0 else 0
 
+    return used
+
+
+def nvml_used_sampler(index=None):
+    """Sample NVML's used memory of GPU `index` (cuda:0's by default) every
+    2 ms from a thread; returns finish(), which stops it and gives the peak
+    used bytes."""
+    used = nvml_reader(index)
     peak = [0]
     stop = threading.Event()
 
     def sample():
-        m = Mem()
         while not stop.is_set():
-            if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(m)) == 0:
-                peak[0] = max(peak[0], m.used)
+            peak[0] = max(peak[0], used())
             time.sleep(0.002)
 
     t = threading.Thread(target=sample, daemon=True)
@@ -104,8 +118,9 @@ def main():
     opt = torch.optim.AdamW(list(model.parameters()) + list(head.parameters()), lr=1e-4)
     g = torch.Generator().manual_seed(args.seed)
     lengths = [int(x) for x in torch.randint(64, 1024, (args.steps,), generator=g)]
-    finish = nvml_used_sampler()
     torch.cuda.synchronize()
+    base = nvml_reader()()
+    finish = nvml_used_sampler()
     t0 = time.perf_counter()
     loss_v = float("nan")
     for step, n in enumerate(lengths):
@@ -122,11 +137,17 @@ def main():
     dt = time.perf_counter() - t0
     peak = finish()
     served = ""
-    if args.door:
+    pool_peak = torch.cuda.max_memory_reserved(dev)
+    if args.door or os.environ.get("LD_PRELOAD"):
         import emm
-        served = " emm_allocs=%d" % emm.stats()["allocs"]
+        st = emm.stats(0)
+        if args.door:
+            served = " emm_allocs=%d" % st["allocs"]
+        pool_peak = st["reserved_bytes_peak"]
     print("TORCH-TRAIN variant=%s steps=%d steps_per_s=%.3f peak_nvml_gib=%.3f loss=%.6f%s"
-          % (args.name, len(lengths), len(lengths) / dt, peak / 2**30, loss_v, served), flush=True)
+          " peak_nvml_mib=%.1f base_nvml_mib=%.1f pool_peak_mib=%.1f"
+          % (args.name, len(lengths), len(lengths) / dt, peak / 2**30, loss_v, served,
+             peak / 2**20, base / 2**20, pool_peak / 2**20), flush=True)
     return 0
 
 
