@@ -18,8 +18,8 @@ send blocks that no consumer ever opens, so PyTorch still holds them in its
 IPC limbo at the producer's exit ("Producer process has been terminated
 before all shared CUDA tensors released", every run) and destroys them on
 its own shutdown path. Once, in a GPU-suite run on two GPUs, the producer
-crashed there (SIGSEGV after the test had passed; not reproduced in 5
-runs of the test alone, nor in 14 runs of the same sharing without those
+crashed there (SIGSEGV after the test had passed; not reproduced in 9
+runs of the test alone, nor in 17 runs of the same sharing without those
 calls, with and without libemm and MALLOC_PERTURB_; PyTorch issue 51619 is
 a crash on that path). faulthandler is on so that a crash says where."""
 import ctypes
