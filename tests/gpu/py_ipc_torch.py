@@ -16,7 +16,8 @@ place, and the parent sees the change.
 The test's own _share_cuda_() calls (to look inside PyTorch's handles)
 send blocks that no consumer ever opens, so PyTorch still holds them in its
 IPC limbo at the producer's exit ("Producer process has been terminated
-before all shared CUDA tensors released", every run) and destroys them on
+before all shared CUDA tensors released", in each of the 3 runs whose output
+was kept) and destroys them on
 its own shutdown path. Once, in a GPU-suite run on two GPUs, the producer
 crashed there (SIGSEGV after the test had passed; not reproduced in 9
 runs of the test alone, nor in 17 runs of the same sharing without those
