@@ -13,16 +13,16 @@ place, and the parent sees the change.
            inside a 20 MiB libemm segment; PyTorch exports that block's
            handle and sends each tensor's offset in it.
 
-The test's own _share_cuda_() calls (to look inside PyTorch's handles)
-send blocks that no consumer ever opens, so PyTorch still holds them in its
-IPC limbo at the producer's exit ("Producer process has been terminated
-before all shared CUDA tensors released", in each of the 3 runs whose output
-was kept) and destroys them on
-its own shutdown path. Once, in a GPU-suite run on two GPUs, the producer
-crashed there (SIGSEGV after the test had passed; not reproduced in 9
-runs of the test alone, nor in 17 runs of the same sharing without those
-calls, with and without libemm and MALLOC_PERTURB_; PyTorch issue 51619 is
-a crash on that path). faulthandler is on so that a crash says where."""
+The test's own _share_cuda_() calls (to look inside PyTorch's handles) send
+blocks that no consumer ever opens, so PyTorch still holds them in its IPC
+limbo at the producer's exit ("Producer process has been terminated before
+all shared CUDA tensors released", in each of the 3 runs whose output was
+kept) and destroys them on its own shutdown path. Once, in a GPU-suite run
+on two GPUs, the producer crashed there (SIGSEGV after the test had passed;
+not reproduced in 9 runs of the test alone, nor in 17 runs of the same
+sharing without those calls, with and without libemm and MALLOC_PERTURB_;
+PyTorch issue 51619 is a crash on that path). faulthandler is on so that a
+crash says where."""
 import ctypes
 import faulthandler
 import os
