@@ -7,8 +7,8 @@
  * second:
  *
  *   - 65536 shards, each one cache line with its own spinlock and table.
- *     The shard is picked by a hash of the 512 KiB region of the address
- *     (addr >> 19), the slot inside it by a hash of addr >> 9 (blocks are
+ *     The shard is picked by a Fibonacci hash of the 512 KiB region of the
+ *     address (addr >> 19), the home slot inside it by one of addr >> 9 (blocks are
  *     at least 512 B apart). A thread that works on its own segments (its
  *     arena's, a stream's) stays on its own shards and cache lines even
  *     when its working set spans tens of megabytes, and threads that carve
@@ -67,6 +67,7 @@ struct shard {
 	atomic_int lock;
 	uint32_t mask;          /* slots - 1 */
 	_Atomic uint32_t count; /* written under the lock, read racily by emm_blockmap_count */
+	uint32_t shift;         /* 64 - log2(slots): home_of's */
 	struct slot *slots;
 	struct slot initial[SHARD_INITIAL_SLOTS];
 } __attribute__((aligned(64)));
@@ -75,24 +76,20 @@ _Static_assert(sizeof(struct shard) == 64, "a shard is one cache line");
 
 static struct shard shards[SHARD_COUNT];
 
-static inline uint64_t mix64(uint64_t x)
-{
-	/* murmur3's finaliser, first half */
-	x ^= x >> 33;
-	x *= UINT64_C(0xff51afd7ed558ccd);
-	x ^= x >> 33;
-	return x;
-}
+/* Fibonacci hashing: multiply by 2^64 / golden ratio, keep the top bits.
+ * One multiply and a shift; consecutive regions and consecutive 512 B
+ * slots land far apart. */
+#define FIB UINT64_C(0x9E3779B97F4A7C15)
 
-/* Picks the home slot inside a shard. */
-static inline uint64_t hash_addr(uint64_t addr)
+/* The home slot of addr in a table of 2^(64 - shift) slots. */
+static inline size_t home_of(uint64_t addr, unsigned shift)
 {
-	return mix64(addr >> 9);
+	return (size_t)(((addr >> 9) * FIB) >> shift);
 }
 
 static inline struct shard *shard_of(uint64_t addr)
 {
-	return &shards[mix64(addr >> SHARD_REGION_SHIFT) >> (64 - SHARD_BITS)];
+	return &shards[((addr >> SHARD_REGION_SHIFT) * FIB) >> (64 - SHARD_BITS)];
 }
 
 static void shard_lock_slow(struct shard *s)
@@ -127,6 +124,7 @@ static inline void shard_ensure_init(struct shard *s)
 	if (EMM_UNLIKELY(s->slots == NULL)) {
 		s->slots = s->initial;
 		s->mask = SHARD_INITIAL_SLOTS - 1;
+		s->shift = 64 - (unsigned)__builtin_ctz(SHARD_INITIAL_SLOTS);
 	}
 }
 
@@ -152,18 +150,18 @@ static size_t table_slots(const struct shard *s, const struct slot *slots)
 }
 
 /* The slot holding key, or the empty slot where it would go. */
-static inline size_t table_probe(const struct slot *slots, uint32_t mask, uint64_t hash, uint64_t key)
+static inline size_t table_probe(const struct slot *slots, uint32_t mask, size_t home, uint64_t key)
 {
-	size_t i = (size_t)hash & mask;
+	size_t i = home;
 
 	while (slots[i].key != 0 && slots[i].key != key)
 		i = (i + 1) & mask;
 	return i;
 }
 
-static inline size_t shard_probe(const struct shard *s, uint64_t hash, uint64_t key)
+static inline size_t shard_probe(const struct shard *s, uint64_t key)
 {
-	return table_probe(s->slots, s->mask, hash, key);
+	return table_probe(s->slots, s->mask, home_of(key, s->shift), key);
 }
 
 static int shard_grow(struct shard *s)
@@ -171,6 +169,7 @@ static int shard_grow(struct shard *s)
 	size_t old_slots = (size_t)s->mask + 1;
 	size_t new_slots = old_slots * 2;
 	uint32_t new_mask = (uint32_t)(new_slots - 1);
+	unsigned new_shift = s->shift - 1;
 	struct slot *old = s->slots;
 	struct slot *table;
 
@@ -181,11 +180,12 @@ static int shard_grow(struct shard *s)
 		return -ENOMEM;
 	for (size_t i = 0; i < old_slots; i++) {
 		if (old[i].key != 0)
-			table[table_probe(table, new_mask, hash_addr(old[i].key), old[i].key)] = old[i];
+			table[table_probe(table, new_mask, home_of(old[i].key, new_shift), old[i].key)] = old[i];
 	}
 	/* Publish only the finished table (see table_alloc). */
 	__atomic_store_n(&s->slots, table, __ATOMIC_RELEASE);
 	s->mask = new_mask;
+	s->shift = new_shift;
 	if (old != s->initial)
 		free(old - 1);
 	return 0;
@@ -193,7 +193,6 @@ static int shard_grow(struct shard *s)
 
 int emm_blockmap_insert(uint64_t addr, void *value)
 {
-	uint64_t hash = hash_addr(addr);
 	struct shard *s = shard_of(addr);
 	uint32_t count;
 	size_t i;
@@ -204,7 +203,7 @@ int emm_blockmap_insert(uint64_t addr, void *value)
 
 	shard_lock(s);
 	shard_ensure_init(s);
-	i = shard_probe(s, hash, addr);
+	i = shard_probe(s, addr);
 	if (s->slots[i].key == addr) {
 		ret = -EEXIST;
 		goto out;
@@ -215,7 +214,7 @@ int emm_blockmap_insert(uint64_t addr, void *value)
 		ret = shard_grow(s);
 		if (ret < 0)
 			goto out;
-		i = shard_probe(s, hash, addr);
+		i = shard_probe(s, addr);
 	}
 	s->slots[i].key = addr;
 	s->slots[i].value = value;
@@ -237,7 +236,7 @@ static void shard_remove_at(struct shard *s, size_t i)
 		j = (j + 1) & s->mask;
 		if (s->slots[j].key == 0)
 			break;
-		home = (size_t)hash_addr(s->slots[j].key) & s->mask;
+		home = home_of(s->slots[j].key, s->shift);
 		/* Move j into the hole at i unless its home lies cyclically in (i, j]. */
 		if (i <= j ? (home <= i || home > j) : (home <= i && home > j)) {
 			s->slots[i] = s->slots[j];
@@ -264,7 +263,7 @@ static inline __attribute__((always_inline)) void *blockmap_find(uint64_t addr, 
 
 	shard_lock(s);
 	if (s->slots != NULL) {
-		i = shard_probe(s, hash_addr(addr), addr);
+		i = shard_probe(s, addr);
 		if (s->slots[i].key == addr) {
 			value = s->slots[i].value;
 			if (accept && !accept(value, arg)) {
@@ -330,6 +329,7 @@ void emm_blockmap_reset(void)
 		memset(slots, 0, nslots * sizeof(*slots));
 		s->slots = slots;
 		s->mask = (uint32_t)(nslots - 1);
+		s->shift = 64 - (unsigned)__builtin_ctzll((unsigned long long)nslots);
 		atomic_store_explicit(&s->count, 0, memory_order_relaxed);
 		atomic_store_explicit(&s->lock, 0, memory_order_release);
 	}
