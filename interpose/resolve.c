@@ -188,7 +188,9 @@ static void *dlsym_explicit(void *handle, const char *name, const void *caller)
 
 #if defined(__x86_64__)
 
-void *emm_dlsym_explicit(void *handle, const char *name)
+/* `used`: the trampoline below jumps here from asm, which link-time
+ * optimisation does not see. */
+__attribute__((used)) void *emm_dlsym_explicit(void *handle, const char *name)
 {
 	return dlsym_explicit(handle, name, __builtin_return_address(0));
 }
@@ -238,7 +240,9 @@ __asm__(".pushsection .text\n"
 
 #elif defined(__aarch64__)
 
-void *emm_dlsym_explicit(void *handle, const char *name)
+/* `used`: the trampoline below jumps here from asm, which link-time
+ * optimisation does not see. */
+__attribute__((used)) void *emm_dlsym_explicit(void *handle, const char *name)
 {
 	return dlsym_explicit(handle, name, __builtin_return_address(0));
 }
@@ -292,7 +296,9 @@ __asm__(".pushsection .text\n"
 #warning "dlsym pass-through needs a tail call: build libemm with optimisation on this architecture"
 #endif
 
-void *emm_dlsym_explicit(void *handle, const char *name)
+/* `used`: the trampoline below jumps here from asm, which link-time
+ * optimisation does not see. */
+__attribute__((used)) void *emm_dlsym_explicit(void *handle, const char *name)
 {
 	return dlsym_explicit(handle, name, __builtin_return_address(0));
 }

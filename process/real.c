@@ -29,9 +29,10 @@
 /*
  * Read by the dlsym trampoline in resolve.c without a call (an aligned
  * pointer load is atomic on every target we build for); written once with
- * release order. NULL until first use.
+ * release order. NULL until first use. `used`: the trampoline's asm is its
+ * only other reader, which link-time optimisation cannot see.
  */
-void *emm_real_dlsym_ptr;
+__attribute__((used)) void *emm_real_dlsym_ptr;
 
 /*
  * The versions glibc has given dlsym: 2.34 (dlsym moved into libc.so.6),
@@ -50,8 +51,10 @@ static const char *const dlsym_versions[] = {
  * is libemm's trampoline, before the runtime can serve instrumented code
  * (ASan's shadow is not mapped yet). So it carries no instrumentation and
  * touches nothing but emm_real_dlsym_ptr, dlsym_versions and dlvsym.
+ * `used`: the trampoline calls it from asm, out of link-time optimisation's
+ * sight.
  */
-EMM_NO_SANITIZE emm_dlsym_fn emm_real_dlsym_get(void)
+EMM_NO_SANITIZE __attribute__((used)) emm_dlsym_fn emm_real_dlsym_get(void)
 {
 	void *fn = __atomic_load_n(&emm_real_dlsym_ptr, __ATOMIC_ACQUIRE);
 
