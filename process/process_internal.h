@@ -112,6 +112,10 @@ static inline void st_rwunlock(pthread_rwlock_t *l)
 extern atomic_bool st_init_done; /* state_init has finished */
 extern bool st_enabled;          /* written once inside state_init */
 extern atomic_bool st_exiting;
+/* Enabled, not exiting, EMM_CONTEXT_CHECK off: the one flag
+ * st_current_entry's hit reads for all three (set last in state_init,
+ * cleared with st_exiting). */
+extern atomic_bool st_fast_ctx;
 extern const struct emm_options *st_opts;
 extern struct emm_backend_loaded st_backend;
 /* Where pinned host segments come from: st_backend when it serves them
@@ -373,7 +377,7 @@ static inline int st_current_entry(struct ctx_entry **ret, bool create)
 
 	/* Every change of the current context is seen without EMM_CONTEXT_CHECK
 	 * (contexts.c): the cache stands until a shim or a teardown empties it. */
-	if (EMM_LIKELY(e && st_is_enabled() && !st_is_exiting() && !st_tls_in_backend && !st_opts->context_check &&
+	if (EMM_LIKELY(e && atomic_load_explicit(&st_fast_ctx, memory_order_acquire) && !st_tls_in_backend &&
 	               st_tls_ctx.generation == atomic_load_explicit(&st_ctx_generation, memory_order_acquire) &&
 	               !e->failed)) {
 		*ret = e;

@@ -59,6 +59,7 @@ static atomic_uint atexit_registrations;
 atomic_bool st_init_done;
 bool st_enabled;
 atomic_bool st_exiting;
+atomic_bool st_fast_ctx;
 static EMM_TLS_IE bool tls_in_init;
 static EMM_TLS_IE uint64_t tls_uid;
 static atomic_uint_fast64_t uid_next;
@@ -231,9 +232,18 @@ static void state_init(void)
 	st_enabled = true;
 	st_snapshot_setup();
 	st_stats_signal_setup();
+	if (!opts->context_check)
+		atomic_store_explicit(&st_fast_ctx, true, memory_order_release);
 out:
 	tls_in_init = false;
 	atomic_store_explicit(&st_init_done, true, memory_order_release);
+}
+
+/* Exit (or the driver's unloading) has begun: every shim passes through. */
+static void set_exiting(void)
+{
+	atomic_store(&st_fast_ctx, false);
+	atomic_store(&st_exiting, true);
 }
 
 bool emm_state_enabled(void)
@@ -258,7 +268,7 @@ bool emm_state_exiting(void)
 
 void emm_state_driver_gone(void)
 {
-	atomic_store(&st_exiting, true);
+	set_exiting();
 }
 
 const char *emm_state_backend_name(void)
@@ -325,7 +335,7 @@ static void state_atexit(void)
 	/* Registered up to MAX_ATEXIT times (see above): the first call to run
 	 * prints the statistics, every call flushes the trace. */
 	st_annotate_exit(); /* only under a memory checker (annotate.c) */
-	atomic_store(&st_exiting, true);
+	set_exiting();
 	if (st_opts && !atomic_exchange(&stats_printed, true))
 		st_stats_exit_report();
 	emm_trace_flush();
@@ -333,7 +343,7 @@ static void state_atexit(void)
 
 __attribute__((destructor)) static void state_destructor(void)
 {
-	atomic_store(&st_exiting, true);
+	set_exiting();
 	/* EMM_STATS=1 prints even when no CUDA call reached libemm (no exit
 	 * handler was registered then): the table says so. */
 	if (!atomic_load(&stats_printed) && !atomic_exchange(&stats_printed, true))
