@@ -130,26 +130,48 @@ struct arena *emm_heap_thread_arena(const struct emm_heap *heap)
 	return thread_arena(heap);
 }
 
-/* Put taken block b in the block map and hand it out; on failure it is
- * free again at once (never handed out, never used). */
-static int publish(struct arena *h, struct emm_block *b, emm_addr_t addr, emm_stream_t stream,
-                   emm_addr_t *ret_addr)
+/* The arena whose segment holds addr (the segment map, lock-free), or NULL:
+ * not our memory. A segment's arena never changes, and its struct lives as
+ * long as the heap, which the caller's guard keeps alive. */
+static inline struct arena *arena_of(emm_addr_t addr)
 {
-	int r = emm_blockmap_insert(addr, b);
+	struct emm_segment *s = emm_segmap_value(addr);
 
-	if (EMM_UNLIKELY(r)) {
-		if (r == -EEXIST)
-			emm_error("block 0x%llx already in the block map", (unsigned long long)addr);
-		arena_lock(h);
-		untake_accounting(h, b);
-		h->st.allocs--;
-		h->st.frees--;
-		emm_pool_block_ready(h, b, stream);
-		arena_unlock(h);
-		return -ENOMEM;
-	}
-	*ret_addr = addr;
-	return 0;
+	return s ? s->arena : NULL;
+}
+
+/* Enter taken block b in the table of h (its arena, locked) before it is
+ * handed out; on failure it is free again at once (never handed out). */
+static inline __attribute__((always_inline)) int publish_locked(struct arena *h, struct emm_block *b,
+                                                                 emm_stream_t stream)
+{
+	int r = emm_blocktab_insert(&h->tab, b->addr, b);
+
+	if (EMM_LIKELY(r == 0))
+		return 0;
+	if (r == -EEXIST)
+		emm_error("block 0x%llx already in its arena's table", (unsigned long long)b->addr);
+	untake_accounting(h, b);
+	h->st.allocs--;
+	h->st.frees--;
+	emm_pool_block_ready(h, b, stream);
+	return -ENOMEM;
+}
+
+/* The same with no lock held (a thread cache's block, one borrowed from
+ * another arena): 0 and *ret_addr, or -ENOMEM. */
+static int publish(struct emm_block *b, emm_stream_t stream, emm_addr_t *ret_addr)
+{
+	struct arena *h = b->seg->arena;
+	emm_addr_t addr = b->addr;
+	int r;
+
+	arena_lock(h);
+	r = publish_locked(h, b, stream);
+	arena_unlock(h);
+	if (r == 0)
+		*ret_addr = addr;
+	return r;
 }
 
 /* --- allocate and free ---------------------------------------------------- */
@@ -158,7 +180,8 @@ static inline __attribute__((always_inline)) int arena_alloc(struct arena *h, un
                                                               size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
 {
 	struct emm_block *b;
-	emm_addr_t addr;
+	emm_addr_t addr = 0;
+	bool borrowed = false;
 	int r;
 
 	arena_lock(h);
@@ -170,8 +193,11 @@ static inline __attribute__((always_inline)) int arena_alloc(struct arena *h, un
 		b = emm_pool_take_block(h, b, rounded, size, stream);
 		if (EMM_LIKELY(!b->seg->unmapped)) {
 			addr = b->addr;
+			r = publish_locked(h, b, stream);
 			arena_unlock(h);
-			goto insert;
+			if (EMM_LIKELY(r == 0))
+				*ret_addr = addr;
+			return r;
 		}
 		r = emm_heap_alloc_map(h, pool, rounded, size, stream, &b);
 	} else {
@@ -182,13 +208,19 @@ static inline __attribute__((always_inline)) int arena_alloc(struct arena *h, un
 		if (r == 0 && b->seg->arena == h && EMM_UNLIKELY(b->seg->unmapped))
 			r = emm_heap_alloc_map(h, pool, rounded, size, stream, &b);
 	}
-	addr = r ? 0 : b->addr;
+	if (r == 0) {
+		addr = b->addr;
+		borrowed = b->seg->arena != h;
+		if (!borrowed)
+			r = publish_locked(h, b, stream);
+	}
 	arena_unlock_release(h);
 	if (r)
 		return r;
-insert:
-	/* The miss path may have taken b from another arena: b's own. */
-	return publish(b->seg->arena, b, addr, stream, ret_addr);
+	if (borrowed) /* into the table of its own arena */
+		return publish(b, stream, ret_addr);
+	*ret_addr = addr;
+	return 0;
 }
 
 int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_t *ret_addr)
@@ -209,36 +241,39 @@ int emm_heap_alloc(emm_heap_t *heap, size_t size, emm_stream_t stream, emm_addr_
 	pool = rounded <= p->small_max ? POOL_SMALL : POOL_LARGE;
 	struct emm_block *b;
 	if (heap->tcache && emm_tcache_alloc(heap, pool, rounded, size, stream, &b))
-		return publish(b->seg->arena, b, b->addr, stream, ret_addr);
+		return publish(b, stream, ret_addr);
 	struct arena *a = EMM_UNLIKELY(heap->large_shared) && pool == POOL_LARGE ? heap->arenas[0] : thread_arena(heap);
 	return arena_alloc(a, pool, rounded, size, stream, ret_addr);
 }
 
-/* Free block b, just taken out of the block map. */
-static inline __attribute__((always_inline)) int free_taken(struct emm_block *b, emm_stream_t stream,
-                                                          size_t *ret_requested)
+/* Free block b, just taken out of the table of h, whose lock is held. */
+static inline __attribute__((always_inline)) int free_locked(struct arena *h, struct emm_block *b,
+                                                           emm_stream_t stream, size_t *ret_requested)
 {
 	struct emm_segment *release = NULL;
-	struct arena *h;
 	size_t requested;
 	int strict = 0;
 
-	h = b->seg->arena;
 	requested = b->requested;
-	if (stream == EMM_STREAM_SYNC && h->owner->tcache && h->p.free_mode != EMM_FREE_MODE_STRICT &&
-	    emm_tcache_free(b)) {
-		if (ret_requested)
-			*ret_requested = requested;
-		return 0;
+	if (stream == EMM_STREAM_SYNC && h->owner->tcache && h->p.free_mode != EMM_FREE_MODE_STRICT) {
+		/* The thread cache takes its own lock when it closes its epoch. */
+		arena_unlock(h);
+		if (emm_tcache_free(b)) {
+			if (ret_requested)
+				*ret_requested = requested;
+			return 0;
+		}
+		arena_lock(h);
 	}
 
 	if (stream == EMM_STREAM_SYNC && h->p.free_mode == EMM_FREE_MODE_STRICT && h->has_fence &&
 	    h->fops.device_synchronize) {
 		/* Like the real cuMemFree: wait for the device, lock not held. */
+		arena_unlock(h);
 		strict = fop_device_synchronize(h) == 0 ? 1 : -1;
+		arena_lock(h);
 	}
 
-	arena_lock(h);
 	untake_accounting(h, b);
 	if (stream != EMM_STREAM_SYNC) {
 		emm_pool_block_ready(h, b, stream);
@@ -295,39 +330,41 @@ static int free_of_no_block(emm_addr_t addr)
 
 int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested)
 {
-	struct emm_block *b = emm_blockmap_take(addr);
+	struct arena *h = arena_of(addr);
+	struct emm_block *b;
 
-	if (EMM_UNLIKELY(!b))
-		return free_of_no_block(addr);
-	return free_taken(b, stream, ret_requested);
-}
-
-struct accept_heap {
-	bool (*accept)(const emm_heap_t *heap, const void *arg);
-	const void *arg;
-};
-
-/* Under the block map's lock: b is live, its arena and heap alive. */
-static bool accept_block(const void *value, const void *arg)
-{
-	const struct emm_block *b = value;
-	const struct accept_heap *a = arg;
-
-	return a->accept(b->seg->arena->owner, a->arg);
+	if (EMM_UNLIKELY(!h))
+		return -ENOENT;
+	arena_lock(h);
+	b = emm_blocktab_take(&h->tab, addr);
+	if (EMM_UNLIKELY(!b)) {
+		/* In our memory, no live block starts here: refused, never passed on. */
+		arena_unlock(h);
+		return -EINVAL;
+	}
+	return free_locked(h, b, stream, ret_requested);
 }
 
 int emm_heap_free_if(emm_addr_t addr, emm_stream_t stream, bool (*accept)(const emm_heap_t *heap, const void *arg),
                      const void *arg, size_t *ret_requested)
 {
-	struct accept_heap a = { accept, arg };
+	struct arena *h = arena_of(addr);
 	struct emm_block_range range;
-	void *value = NULL;
-	int r = emm_blockmap_take_if(addr, accept_block, &a, &value);
+	struct emm_block *b;
 
-	if (EMM_LIKELY(r == 0))
-		return free_taken(value, stream, ret_requested);
-	if (r == -EXDEV)
-		return r;
+	if (!h)
+		return -ENOENT;
+	arena_lock(h);
+	b = emm_blocktab_get(&h->tab, addr);
+	if (EMM_LIKELY(b)) {
+		if (!accept(h->owner, arg)) {
+			arena_unlock(h);
+			return -EXDEV;
+		}
+		emm_blocktab_take(&h->tab, addr);
+		return free_locked(h, b, stream, ret_requested);
+	}
+	arena_unlock(h);
 	/* Not a block start. Inside a live block the caller refuses: -EXDEV as
 	 * for its start; anywhere else in our memory (a block freed twice) it
 	 * is refused here, never passed on. */
@@ -338,9 +375,15 @@ int emm_heap_free_if(emm_addr_t addr, emm_stream_t stream, bool (*accept)(const 
 
 emm_heap_t *emm_heap_of_block(emm_addr_t addr)
 {
-	struct emm_block *b = emm_blockmap_get(addr);
+	struct arena *h = arena_of(addr);
+	struct emm_block *b;
 
-	return b ? b->seg->arena->owner : NULL;
+	if (!h)
+		return NULL;
+	arena_lock(h);
+	b = emm_blocktab_get(&h->tab, addr);
+	arena_unlock(h);
+	return b ? h->owner : NULL;
 }
 
 int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret)
@@ -358,7 +401,7 @@ int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret)
 	arena_lock(h);
 	if (s->live && addr >= s->base && addr - s->base < s->size) {
 		/* Exact start: one map lookup; interior: walk the segment. */
-		struct emm_block *b = emm_blockmap_get(addr);
+		struct emm_block *b = emm_blocktab_get(&h->tab, addr);
 		if (!b || b->seg != s || b->state != BLOCK_LIVE || b->addr != addr) {
 			for (b = s->first; b && addr - b->addr >= b->size; b = b->next)
 				;

@@ -78,7 +78,8 @@ static struct arena *arena_create(struct emm_heap *owner, const struct emm_heap_
 	h->open = emm_heap_fence_new(h);
 	h->orphans[0] = h->open ? emm_heap_fence_new(h) : NULL;
 	h->orphans[1] = h->orphans[0] ? emm_heap_fence_new(h) : NULL;
-	if (!h->orphans[1]) {
+	if (!h->orphans[1] || emm_blocktab_init(&h->tab) < 0) {
+		free(h->orphans[1]);
 		free(h->open);
 		free(h->orphans[0]);
 		pthread_cond_destroy(&h->wait_cv);
@@ -133,10 +134,7 @@ static void arena_destroy(struct arena *h, bool release_segments)
 	struct emm_segment *s, *next;
 	for (s = h->segs; s; s = next) {
 		next = s->next;
-		for (struct emm_block *b = s->first; b; b = b->next)
-			if (b->state == BLOCK_LIVE && emm_blockmap_get(b->addr) == b)
-				emm_blockmap_take(b->addr);
-		emm_segmap_remove(s->base);
+		emm_segmap_remove(s->base); /* its addresses are no longer ours */
 		if (release_segments) {
 			/* The heap goes away whatever happens: try every segment. */
 			int r = h->src.free(h->src.state, s->base, s->size, EMM_STREAM_SYNC);
@@ -175,6 +173,7 @@ static void arena_destroy(struct arena *h, bool release_segments)
 		free(slab);
 	}
 	free(h->nb);
+	emm_blocktab_fini(&h->tab);
 	pthread_cond_destroy(&h->wait_cv);
 	pthread_mutex_destroy(&h->wait_lock);
 	free(h);

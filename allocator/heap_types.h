@@ -56,6 +56,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "allocator/blocktab.h"
 #include "allocator/heap.h"
 #include "allocator/sfit.h"
 #include "allocator/tree.h"
@@ -173,6 +174,7 @@ struct arena {
 	bool has_remap, has_grow;
 	unsigned map_waiters; /* waiting for a map or grow in flight */
 
+	struct emm_blocktab tab;       /* live blocks by address (blocktab.h) */
 	struct emm_sfit ready[NPOOLS]; /* ready-any blocks */
 	struct emm_tree trees[NPOOLS]; /* ready-stream blocks */
 	struct emm_block *block_free;

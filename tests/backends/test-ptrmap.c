@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: MIT */
-/* tests/backends/test-ptrmap.c - the block map and the segment map. */
+/* tests/backends/test-ptrmap.c - the segment map: lookups, growth, its
+ * lock-free readers against writers, reset and fork. (The block tables are
+ * the arenas': tests/allocator/test-blocktab.c.) */
 #include <errno.h>
 #include <pthread.h>
 #include <signal.h>
@@ -13,198 +15,6 @@
 
 #define BASE   UINT64_C(0x7f0000000000)
 #define VAL(k) ((void *)(uintptr_t)((k) ^ UINT64_C(0x5a5a5a5a5a5a5a5a)))
-
-static double now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-TEST_BEGIN(test_blockmap_basic)
-{
-	int x;
-
-	emm_ptrmap_reset();
-	expect_int_eq(emm_blockmap_count(), 0);
-	expect_ptr_null(emm_blockmap_get(BASE));
-	expect_ptr_null(emm_blockmap_take(BASE));
-
-	expect_int_eq(emm_blockmap_insert(BASE, &x), 0);
-	expect_int_eq(emm_blockmap_insert(BASE, &x), -EEXIST);
-	expect_int_eq(emm_blockmap_count(), 1);
-	expect_ptr_eq(emm_blockmap_get(BASE), &x);
-	expect_ptr_null(emm_blockmap_get(BASE + 512)); /* a neighbour */
-	expect_ptr_null(emm_blockmap_get(BASE + 1));   /* an interior pointer */
-	expect_ptr_eq(emm_blockmap_take(BASE), &x);
-	expect_ptr_null(emm_blockmap_take(BASE));
-	expect_ptr_null(emm_blockmap_get(BASE));
-	expect_int_eq(emm_blockmap_count(), 0);
-
-	expect_int_eq(emm_blockmap_insert(0, &x), -EINVAL);
-	expect_int_eq(emm_blockmap_insert(BASE, NULL), -EINVAL);
-	expect_ptr_null(emm_blockmap_get(0));
-	expect_ptr_null(emm_blockmap_take(0));
-}
-TEST_END
-
-/* Many keys, then half taken, then reinserted: growth from the static tables,
- * long clusters, backward-shift deletion. Keys with odd strides land in the
- * same shards and home slots often. */
-TEST_BEGIN(test_blockmap_growth_and_collisions)
-{
-	enum { N = 200000 };
-
-	emm_ptrmap_reset();
-	for (uint64_t i = 0; i < N; i++)
-		assert_int_eq(emm_blockmap_insert(BASE + i * 512, VAL(i)), 0);
-	expect_int_eq(emm_blockmap_count(), N);
-	for (uint64_t i = 0; i < N; i++) {
-		if (emm_blockmap_get(BASE + i * 512) != VAL(i)) {
-			expect_ptr_eq(emm_blockmap_get(BASE + i * 512), VAL(i));
-			break;
-		}
-	}
-	for (uint64_t i = 0; i < N; i += 2)
-		assert_ptr_eq(emm_blockmap_take(BASE + i * 512), VAL(i));
-	expect_int_eq(emm_blockmap_count(), N / 2);
-	for (uint64_t i = 0; i < N; i++) {
-		void *want = (i & 1) ? VAL(i) : NULL;
-
-		if (emm_blockmap_get(BASE + i * 512) != want) {
-			expect_ptr_eq(emm_blockmap_get(BASE + i * 512), want);
-			break;
-		}
-	}
-	for (uint64_t i = 0; i < N; i += 2)
-		assert_int_eq(emm_blockmap_insert(BASE + i * 512, VAL(i)), 0);
-	for (uint64_t i = 0; i < N; i++)
-		assert_ptr_eq(emm_blockmap_take(BASE + i * 512), VAL(i));
-	expect_int_eq(emm_blockmap_count(), 0);
-}
-TEST_END
-
-/* Random insert/take/get against a plain array model. */
-TEST_BEGIN(test_blockmap_random_model)
-{
-	enum { KEYS = 5000, OPS = 400000 };
-	static bool present[KEYS];
-	uint64_t rng = 88172645463325252ull;
-	size_t live = 0;
-
-	emm_ptrmap_reset();
-	memset(present, 0, sizeof(present));
-	for (int op = 0; op < OPS; op++) {
-		uint64_t k, addr;
-
-		rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-		k = rng % KEYS;
-		/* Scattered distinct addresses (odd multiplier: a bijection). */
-		addr = BASE + ((k * 40503) & 0xfffff) * 512;
-		switch ((rng >> 32) % 3) {
-		case 0:
-			assert_int_eq(emm_blockmap_insert(addr, VAL(addr)), present[k] ? -EEXIST : 0);
-			if (!present[k])
-				live++;
-			present[k] = true;
-			break;
-		case 1:
-			assert_ptr_eq(emm_blockmap_take(addr), present[k] ? VAL(addr) : NULL);
-			if (present[k])
-				live--;
-			present[k] = false;
-			break;
-		default:
-			assert_ptr_eq(emm_blockmap_get(addr), present[k] ? VAL(addr) : NULL);
-		}
-	}
-	expect_int_eq(emm_blockmap_count(), live);
-	emm_ptrmap_reset();
-}
-TEST_END
-
-struct thread_arg {
-	unsigned index;
-	int errors;
-};
-
-#define THREADS    8
-#define PER_THREAD 20000
-#define ROUNDS     5
-
-static void *disjoint_worker(void *p)
-{
-	struct thread_arg *arg = p;
-	/* Interleaved keys: thread t owns BASE + (i * THREADS + t) * 512, so
-	 * every thread hits every shard. */
-	for (int round = 0; round < ROUNDS; round++) {
-		for (uint64_t i = 0; i < PER_THREAD; i++) {
-			uint64_t a = BASE + (i * THREADS + arg->index) * 512;
-
-			if (emm_blockmap_insert(a, VAL(a)) != 0)
-				arg->errors++;
-		}
-		for (uint64_t i = 0; i < PER_THREAD; i++) {
-			uint64_t a = BASE + (i * THREADS + arg->index) * 512;
-
-			if (emm_blockmap_get(a) != VAL(a))
-				arg->errors++;
-		}
-		for (uint64_t i = 0; i < PER_THREAD; i++) {
-			uint64_t a = BASE + (i * THREADS + arg->index) * 512;
-
-			if (emm_blockmap_take(a) != VAL(a))
-				arg->errors++;
-		}
-	}
-	return NULL;
-}
-
-TEST_BEGIN(test_blockmap_threads)
-{
-	pthread_t threads[THREADS];
-	struct thread_arg args[THREADS];
-
-	emm_ptrmap_reset();
-	for (unsigned t = 0; t < THREADS; t++) {
-		args[t] = (struct thread_arg){.index = t};
-		assert_int_eq(pthread_create(&threads[t], NULL, disjoint_worker, &args[t]), 0);
-	}
-	for (unsigned t = 0; t < THREADS; t++) {
-		pthread_join(threads[t], NULL);
-		expect_int_eq(args[t].errors, 0);
-	}
-	expect_int_eq(emm_blockmap_count(), 0);
-}
-TEST_END
-
-/* Not a pass/fail check (the benchmark is bench-ptrmap): one line so the
- * cost is visible in every test log. */
-TEST_BEGIN(test_blockmap_cost)
-{
-	enum { LIVE = 10000, ITERS = 2000000 };
-	double t0, t1;
-
-	emm_ptrmap_reset();
-	for (uint64_t i = 0; i < LIVE; i++)
-		assert_int_eq(emm_blockmap_insert(BASE + (UINT64_C(1) << 32) + i * 4096, VAL(i)), 0);
-	t0 = now_ns();
-	for (uint64_t i = 0; i < ITERS; i++) {
-		uint64_t a = BASE + (i & 1023) * 512;
-
-		emm_blockmap_insert(a, VAL(a));
-		if (emm_blockmap_take(a) != VAL(a)) {
-			expect_true(false);
-			break;
-		}
-	}
-	t1 = now_ns();
-	fprintf(stderr, "blockmap: %.1f ns per insert+take pair (%d live entries)\n", (t1 - t0) / ITERS,
-	        LIVE);
-	emm_ptrmap_reset();
-}
-TEST_END
 
 TEST_BEGIN(test_segmap)
 {
@@ -303,59 +113,26 @@ TEST_BEGIN(test_reset)
 	int x;
 
 	emm_ptrmap_reset();
-	for (uint64_t i = 1; i <= 5000; i++)
-		assert_int_eq(emm_blockmap_insert(BASE + i * 512, &x), 0);
 	assert_int_eq(emm_segmap_insert(BASE, 1 << 20, &x), 0);
 	emm_ptrmap_reset();
-	expect_int_eq(emm_blockmap_count(), 0);
 	expect_int_eq(emm_segmap_count(), 0);
-	expect_ptr_null(emm_blockmap_get(BASE + 512));
 	expect_int_eq(emm_segmap_find(BASE, NULL, NULL, NULL), -ENOENT);
 	/* usable again */
-	expect_int_eq(emm_blockmap_insert(BASE + 512, &x), 0);
-	expect_ptr_eq(emm_blockmap_take(BASE + 512), &x);
 	expect_int_eq(emm_segmap_insert(BASE, 1 << 20, &x), 0);
 	emm_ptrmap_reset();
 }
 TEST_END
 
-static bool accept_value(const void *value, const void *arg)
-{
-	return value == arg;
-}
-
-/* take_if: taken only when accepted; a refusal leaves the entry. */
-TEST_BEGIN(test_blockmap_take_if)
-{
-	int x, y;
-	void *v = NULL;
-
-	emm_ptrmap_reset();
-	assert_int_eq(emm_blockmap_insert(BASE + 512, &x), 0);
-	expect_int_eq(emm_blockmap_take_if(BASE + 512, accept_value, &y, &v), -EXDEV);
-	expect_ptr_null(v);
-	expect_ptr_eq(emm_blockmap_get(BASE + 512), &x);
-	expect_int_eq(emm_blockmap_count(), 1);
-	expect_int_eq(emm_blockmap_take_if(BASE + 1024, accept_value, &x, &v), -ENOENT);
-	expect_int_eq(emm_blockmap_take_if(0, accept_value, &x, &v), -ENOENT);
-	expect_ptr_null(v);
-	expect_int_eq(emm_blockmap_take_if(BASE + 512, accept_value, &x, &v), 0);
-	expect_ptr_eq(v, &x);
-	expect_int_eq(emm_blockmap_count(), 0);
-	expect_int_eq(emm_blockmap_take_if(BASE + 512, accept_value, &x, &v), -ENOENT);
-	emm_ptrmap_reset();
-}
-TEST_END
 
 static atomic_bool churn_stop;
 static atomic_int churn_warm; /* workers done with their first round */
 
 /*
- * Under ASan the forks wait until every worker has finished one round: its
- * tables have then grown for good, and it calls neither calloc nor free
+ * Under ASan the forks wait until every worker has finished one round: the
+ * array has then grown for good, and no worker calls malloc or free
  * again. GCC 12's ASan allocator is not fork-safe: a child forked while a
  * worker was inside calloc waits on the allocator's lock forever (seen in
- * CI). The shard locks are still taken at every fork.
+ * CI). The map's lock is still taken at every fork.
  */
 #if defined(__SANITIZE_ADDRESS__)
 #define FORK_AFTER_WARM 1
@@ -375,12 +152,10 @@ static void *churn_worker(void *p)
 	int x;
 
 	while (!atomic_load(&churn_stop)) {
-		for (uint64_t i = 0; i < 2000; i++)
-			emm_blockmap_insert(base + i * 512, &x);
-		emm_segmap_insert(base, 1 << 20, &x);
-		for (uint64_t i = 0; i < 2000; i++)
-			emm_blockmap_take(base + i * 512);
-		emm_segmap_remove(base);
+		for (uint64_t i = 0; i < 200; i++)
+			emm_segmap_insert(base + i * (1 << 20), 1 << 20, &x);
+		for (uint64_t i = 0; i < 200; i++)
+			emm_segmap_remove(base + i * (1 << 20));
 		if (!warm) {
 			warm = true;
 			atomic_fetch_add(&churn_warm, 1);
@@ -389,7 +164,7 @@ static void *churn_worker(void *p)
 	return NULL;
 }
 
-/* fork() while other threads hold the locks (or are growing a table): the
+/* fork() while other threads hold the lock (or are growing the array): the
  * child resets and the maps work there, without deadlocking. */
 TEST_BEGIN(test_reset_after_fork)
 {
@@ -414,13 +189,13 @@ TEST_BEGIN(test_reset_after_fork)
 
 			alarm(10);
 			emm_ptrmap_reset();
-			if (emm_blockmap_count() != 0 || emm_segmap_count() != 0)
+			if (emm_segmap_count() != 0)
 				_exit(2);
-			for (uint64_t k = 1; k <= 3000; k++)
-				if (emm_blockmap_insert(k * 512, &y) != 0)
+			for (uint64_t k = 1; k <= 300; k++)
+				if (emm_segmap_insert(k << 20, 1 << 20, &y) != 0)
 					_exit(3);
-			for (uint64_t k = 1; k <= 3000; k++)
-				if (emm_blockmap_take(k * 512) != &y)
+			for (uint64_t k = 1; k <= 300; k++)
+				if (emm_segmap_remove(k << 20) != &y)
 					_exit(4);
 			if (emm_segmap_insert(BASE, 4096, &y) != 0 ||
 			    emm_segmap_find(BASE + 1, NULL, NULL, NULL) != 0)
@@ -442,9 +217,178 @@ TEST_BEGIN(test_reset_after_fork)
 }
 TEST_END
 
+/* Random segments of random sizes and alignments (4 KiB to 80 MiB, some
+ * sharing 2 MiB granules two and three at a time, one past 64 GiB) come and
+ * go; every lookup, emm_segmap_find's and emm_segmap_value's, agrees with a
+ * plain list. */
+TEST_BEGIN(test_segmap_random_model)
+{
+	enum { SLOTS = 64, OPS = 20000 };
+	static struct { uint64_t base, size; bool live; } m[SLOTS];
+	uint64_t rng = 0x9E3779B97F4A7C15ull;
+
+	emm_ptrmap_reset();
+	memset(m, 0, sizeof(m));
+	for (int op = 0; op < OPS; op++) {
+		rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+		unsigned k = (unsigned)(rng % SLOTS);
+		/* Slot k owns [BASE + k * 128 GiB, + 128 GiB): no overlaps. */
+		uint64_t region = BASE + (uint64_t)k * (UINT64_C(128) << 30);
+		if (!m[k].live) {
+			uint64_t r = rng >> 8;
+			m[k].size = (r % 4 == 0) ? (4096 + (r >> 4) % (80u << 20)) & ~UINT64_C(4095)
+			            : (r % 4 == 1) ? UINT64_C(2) << 20
+			            : (r % 4 == 2) ? UINT64_C(20) << 20
+			                           : UINT64_C(4096) * (1 + (r >> 4) % 300);
+			if (k == 7)
+				m[k].size = UINT64_C(65) << 30; /* past the directory's largest */
+			m[k].base = region + ((r >> 20) % 4096) * 4096;
+			assert_int_eq(emm_segmap_insert(m[k].base, m[k].size, VAL(k)), 0);
+			m[k].live = true;
+			/* A neighbour slot's segment ends where this one starts, in
+			 * the same granule, now and then: */
+			if (k + 1 < SLOTS && !m[k + 1].live && (r & 16)) {
+				m[k + 1].base = m[k].base + m[k].size;
+				m[k + 1].size = 8192;
+				if (m[k + 1].base + m[k + 1].size <= region + (UINT64_C(128) << 30) &&
+				    emm_segmap_insert(m[k + 1].base, m[k + 1].size, VAL(k + 1)) == 0)
+					m[k + 1].live = true;
+			}
+		} else {
+			assert_ptr_eq(emm_segmap_remove(m[k].base), VAL(k));
+			m[k].live = false;
+			/* Its neighbour in its region goes with it. */
+			if (k + 1 < SLOTS && m[k + 1].live && m[k + 1].base < region + (UINT64_C(128) << 30)) {
+				assert_ptr_eq(emm_segmap_remove(m[k + 1].base), VAL(k + 1));
+				m[k + 1].live = false;
+			}
+		}
+		for (int q = 0; q < 8; q++) {
+			rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+			unsigned j = (unsigned)(rng % SLOTS);
+			uint64_t off = (rng >> 16) % (m[j].size ? m[j].size + (4u << 20) : (8u << 20));
+			uint64_t a = (m[j].base ? m[j].base : BASE + (uint64_t)j * (UINT64_C(128) << 30)) + off;
+			int want = -ENOENT;
+			void *want_v = NULL, *v = NULL;
+			for (unsigned i = 0; i < SLOTS; i++)
+				if (m[i].live && a >= m[i].base && a - m[i].base < m[i].size) {
+					want = 0;
+					want_v = VAL(i);
+				}
+			if (emm_segmap_find(a, NULL, NULL, &v) != want || (want == 0 && v != want_v) ||
+			    emm_segmap_value(a) != want_v) {
+				expect_int_eq(emm_segmap_find(a, NULL, NULL, &v), want);
+				expect_ptr_eq(emm_segmap_value(a), want_v);
+				emm_ptrmap_reset();
+				return;
+			}
+		}
+	}
+	emm_ptrmap_reset();
+}
+TEST_END
+
+/* One 2 MiB granule met by one, two, then three segments, and back: each
+ * lookup finds its own segment, the gaps none. */
+TEST_BEGIN(test_segmap_shared_granule)
+{
+	uint64_t g = BASE + (UINT64_C(6) << 21); /* a granule's start */
+	uint64_t a = g + 4096, b = g + (512 << 10), c = g + (1536 << 10);
+
+	emm_ptrmap_reset();
+	assert_int_eq(emm_segmap_insert(a, 64 << 10, VAL(1)), 0);
+	expect_ptr_eq(emm_segmap_value(a + 100), VAL(1));
+	expect_ptr_null(emm_segmap_value(b));
+	assert_int_eq(emm_segmap_insert(b, 64 << 10, VAL(2)), 0);
+	expect_ptr_eq(emm_segmap_value(a), VAL(1));
+	expect_ptr_eq(emm_segmap_value(b + 100), VAL(2));
+	expect_ptr_null(emm_segmap_value(g));
+	assert_int_eq(emm_segmap_insert(c, 4 << 20, VAL(3)), 0); /* into the next granule */
+	expect_ptr_eq(emm_segmap_value(a), VAL(1));
+	expect_ptr_eq(emm_segmap_value(b), VAL(2));
+	expect_ptr_eq(emm_segmap_value(c + (3 << 20)), VAL(3));
+	expect_ptr_null(emm_segmap_value(b + (64 << 10)));
+	expect_ptr_eq(emm_segmap_remove(b), VAL(2));
+	expect_ptr_null(emm_segmap_value(b));
+	expect_ptr_eq(emm_segmap_value(a), VAL(1));
+	expect_ptr_eq(emm_segmap_value(c), VAL(3));
+	expect_int_eq(emm_segmap_resize(a, 128 << 10), 0);
+	expect_ptr_eq(emm_segmap_value(a + (100 << 10)), VAL(1));
+	expect_ptr_eq(emm_segmap_remove(a), VAL(1));
+	expect_ptr_null(emm_segmap_value(a));
+	expect_ptr_eq(emm_segmap_value(c + 1), VAL(3));
+	emm_ptrmap_reset();
+}
+TEST_END
+
+/* Lock-free readers against writers: segments that never go away are always
+ * found with their own value, and an address in no segment is never found,
+ * while other threads insert and remove segments around them and the array
+ * grows (every 64 entries) and moves. */
+static atomic_bool rw_stop;
+static atomic_long rw_errors, rw_finds;
+
+static void *rw_writer(void *p)
+{
+	uint64_t base = BASE + (UINT64_C(1) << 40) + (uint64_t)(uintptr_t)p * (UINT64_C(1) << 36);
+	int x;
+
+	while (!atomic_load(&rw_stop)) {
+		for (uint64_t i = 0; i < 300; i++)
+			emm_segmap_insert(base + i * (4 << 20), 2 << 20, &x);
+		for (uint64_t i = 0; i < 300; i++)
+			emm_segmap_remove(base + i * (4 << 20));
+	}
+	return NULL;
+}
+
+static void *rw_reader(void *p)
+{
+	(void)p;
+	for (uint64_t n = 0; !atomic_load(&rw_stop); n++) {
+		uint64_t k = n % 100, base, a = BASE + k * (4 << 20) + (n * 4096) % (2 << 20);
+		size_t size;
+		void *value;
+
+		if (emm_segmap_find(a, &base, &size, &value) != 0 || base != BASE + k * (4 << 20) ||
+		    size != (2 << 20) || value != VAL(k))
+			atomic_fetch_add(&rw_errors, 1);
+		if (emm_segmap_find(a + (2 << 20), NULL, NULL, NULL) != -ENOENT) /* the gap after it */
+			atomic_fetch_add(&rw_errors, 1);
+		atomic_fetch_add_explicit(&rw_finds, 1, memory_order_relaxed);
+	}
+	return NULL;
+}
+
+TEST_BEGIN(test_segmap_readers_and_writers)
+{
+	pthread_t w[2], r[3];
+
+	emm_ptrmap_reset();
+	for (uint64_t k = 0; k < 100; k++)
+		assert_int_eq(emm_segmap_insert(BASE + k * (4 << 20), 2 << 20, VAL(k)), 0);
+	atomic_store(&rw_stop, false);
+	atomic_store(&rw_errors, 0);
+	atomic_store(&rw_finds, 0);
+	for (uintptr_t t = 0; t < 2; t++)
+		assert_int_eq(pthread_create(&w[t], NULL, rw_writer, (void *)t), 0);
+	for (uintptr_t t = 0; t < 3; t++)
+		assert_int_eq(pthread_create(&r[t], NULL, rw_reader, NULL), 0);
+	usleep(300000);
+	atomic_store(&rw_stop, true);
+	for (int t = 0; t < 2; t++)
+		pthread_join(w[t], NULL);
+	for (int t = 0; t < 3; t++)
+		pthread_join(r[t], NULL);
+	expect_int_eq(atomic_load(&rw_errors), 0);
+	expect_true(atomic_load(&rw_finds) > 1000);
+	emm_ptrmap_reset();
+}
+TEST_END
+
 int main(void)
 {
-	return emm_test_run(test_blockmap_basic, test_blockmap_growth_and_collisions,
-	                    test_blockmap_random_model, test_blockmap_threads, test_blockmap_cost,
-	                    test_blockmap_take_if, test_segmap, test_segmap_many, test_reset, test_reset_after_fork, NULL);
+	return emm_test_run(test_segmap, test_segmap_many, test_segmap_random_model, test_segmap_shared_granule,
+	                    test_segmap_readers_and_writers, test_reset,
+	                    test_reset_after_fork, NULL);
 }
