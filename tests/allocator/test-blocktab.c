@@ -15,11 +15,10 @@
 TEST_BEGIN(test_blocktab_basic)
 {
 	struct emm_blocktab t;
-
-	assert_int_eq(emm_blocktab_init(&t), 0);
 	int x;
 
-		expect_int_eq(t.count, 0);
+	assert_int_eq(emm_blocktab_init(&t), 0);
+	expect_int_eq(t.count, 0);
 	expect_ptr_null(emm_blocktab_get(&t, BASE));
 	expect_ptr_null(emm_blocktab_take(&t, BASE));
 
@@ -46,12 +45,11 @@ TEST_END
  * long clusters, backward-shift deletion. */
 TEST_BEGIN(test_blocktab_growth_and_collisions)
 {
+	enum { N = 200000 };
 	struct emm_blocktab t;
 
 	assert_int_eq(emm_blocktab_init(&t), 0);
-	enum { N = 200000 };
-
-		for (uint64_t i = 0; i < N; i++)
+	for (uint64_t i = 0; i < N; i++)
 		assert_int_eq(emm_blocktab_insert(&t, BASE + i * 512, VAL(i)), 0);
 	expect_int_eq(t.count, N);
 	for (uint64_t i = 0; i < N; i++) {
@@ -83,15 +81,14 @@ TEST_END
 /* Random insert/take/get against a plain array model. */
 TEST_BEGIN(test_blocktab_random_model)
 {
-	struct emm_blocktab t;
-
-	assert_int_eq(emm_blocktab_init(&t), 0);
 	enum { KEYS = 5000, OPS = 400000 };
 	static bool present[KEYS];
+	struct emm_blocktab t;
 	uint64_t rng = 88172645463325252ull;
 	size_t live = 0;
 
-		memset(present, 0, sizeof(present));
+	assert_int_eq(emm_blocktab_init(&t), 0);
+	memset(present, 0, sizeof(present));
 	for (int op = 0; op < OPS; op++) {
 		uint64_t k, addr;
 
@@ -117,7 +114,8 @@ TEST_BEGIN(test_blocktab_random_model)
 		}
 	}
 	expect_int_eq(t.count, live);
-	}
+	emm_blocktab_fini(&t);
+}
 TEST_END
 
 /* Keys that share a home slot (same bits above the hash's cut) form one
