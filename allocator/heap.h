@@ -231,20 +231,21 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested);
 /* emm_heap_free, if accept(the heap of the block at addr, arg): else
  * -EXDEV and nothing changes (a free naming the other kind of memory; also
  * for an interior pointer of a live block of a refused heap). accept is
- * called under a lock of the block map: it must not block or reach a heap.
- * A block start costs one block map operation, as with emm_heap_free;
- * -EINVAL and -ENOENT as it. */
+ * called under the block's arena lock: it must not block or reach a heap.
+ * A block start costs one table lookup more than emm_heap_free; -EINVAL
+ * and -ENOENT as it. */
 int emm_heap_free_if(emm_addr_t addr, emm_stream_t stream, bool (*accept)(const emm_heap_t *heap, const void *arg),
                      const void *arg, size_t *ret_requested);
 
 /* The live block containing `addr` (interior pointers allowed); -ENOENT. */
 int emm_heap_find_block(emm_addr_t addr, struct emm_block_range *ret_range);
 
-/* The heap of the live block starting at `addr`, from the block map alone
- * (no arena lock, no segment map: the free path's cheap question "whose is
- * it"); NULL when no live block starts there. The caller owns the block, so
- * it cannot change under the call; if another thread frees it meanwhile (a
- * double free) the answer is still a heap of the same arena. */
+/* The heap of the live block starting at `addr` (the segment map, then one
+ * lookup in its arena's table under the arena lock: the free path's
+ * question "whose is it"); NULL when no live block starts there. The caller
+ * owns the block, so it cannot change under the call; if another thread
+ * frees it meanwhile (a double free) the answer is still a heap of the same
+ * arena. */
 emm_heap_t *emm_heap_of_block(emm_addr_t addr);
 
 /* Stream lifecycle, so epochs know the live non-blocking streams. For a

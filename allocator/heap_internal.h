@@ -11,8 +11,8 @@
  * Lock order: heap lock, then the segment map's lock (segmap insert and
  * check run under the heap lock), or then the arena's wait_lock
  * (emm_arena_wake; emm_arena_wait takes it with the heap lock dropped).
- * The block map is only touched outside the heap lock except in
- * emm_heap_find_block and destroy. The heap lock is
+ * An arena's block table (blocktab.h) is touched only under that arena's
+ * lock; the segment map's lookups take no lock. The heap lock is
  * dropped around the segment source and around every fence operation
  * (record, query, stream_wait, synchronize, release, device_synchronize:
  * driver calls in production): under the lock a caller only takes the
@@ -551,7 +551,7 @@ struct arena *emm_heap_thread_arena(const struct emm_heap *heap);
  * accounted in the thread's counters) in *ret, or false. No lock. */
 bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size_t size,
                       emm_stream_t stream, struct emm_block **ret);
-/* A synchronous free (not strict) of live block b, out of the block map,
+/* A synchronous free (not strict) of live block b, out of its arena's table,
  * in a heap with the cache on (the caller asks heap->tcache): true if the
  * calling thread's cache took it. No lock on the hot path. */
 bool emm_tcache_free(struct emm_block *b);

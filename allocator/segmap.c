@@ -155,7 +155,7 @@ static void dir_update(uint64_t base, uint64_t end, int delta)
 	if (dir_off)
 		return;
 	if (end > (UINT64_C(1) << 48) || g1 - g0 >= DIR_MAX_GRANULES) {
-		unindexed = true;
+		__atomic_store_n(&unindexed, true, __ATOMIC_RELAXED);
 		return;
 	}
 	for (uint64_t g = g0; g <= g1; g++) {
@@ -208,6 +208,15 @@ static int reserve_one_more(void)
 	return 0;
 }
 
+/* An entry written while readers may be searching the array: each field
+ * an atomic store (the sequence count tells them to search again). */
+static void entry_store(struct segment_entry *to, const struct segment_entry *from)
+{
+	__atomic_store_n(&to->base, from->base, __ATOMIC_RELAXED);
+	__atomic_store_n(&to->end, from->end, __ATOMIC_RELAXED);
+	__atomic_store_n(&to->value, from->value, __ATOMIC_RELAXED);
+}
+
 /* Writers, under the lock: the count odd while the array changes. */
 static void write_begin(void)
 {
@@ -243,8 +252,9 @@ int emm_segmap_insert(uint64_t base, size_t size, void *value)
 		write_end();
 		goto out;
 	}
-	memmove(&array->entries[i + 1], &array->entries[i], (segment_count - i) * sizeof(array->entries[0]));
-	array->entries[i] = (struct segment_entry){.base = base, .end = end, .value = value};
+	for (size_t j = segment_count; j > i; j--)
+		entry_store(&array->entries[j], &array->entries[j - 1]);
+	entry_store(&array->entries[i], &(struct segment_entry){.base = base, .end = end, .value = value});
 	__atomic_store_n(&segment_count, segment_count + 1, __ATOMIC_RELAXED);
 	dir_update(base, end, 1);
 	write_end();
@@ -274,7 +284,7 @@ int emm_segmap_resize(uint64_t base, size_t new_size)
 			uint64_t old_end = array->entries[i - 1].end;
 
 			write_begin();
-			array->entries[i - 1].end = end;
+			__atomic_store_n(&array->entries[i - 1].end, end, __ATOMIC_RELAXED);
 			dir_update(base, old_end, -1);
 			dir_update(base, end, 1);
 			write_end();
@@ -299,8 +309,8 @@ void *emm_segmap_remove(uint64_t base)
 		value = array->entries[i].value;
 		uint64_t removed_end = array->entries[i].end;
 		write_begin();
-		memmove(&array->entries[i], &array->entries[i + 1],
-		        (segment_count - i - 1) * sizeof(array->entries[0]));
+		for (size_t j = i; j + 1 < segment_count; j++)
+			entry_store(&array->entries[j], &array->entries[j + 1]);
 		__atomic_store_n(&segment_count, segment_count - 1, __ATOMIC_RELAXED);
 		dir_update(base, removed_end, -1);
 		write_end();

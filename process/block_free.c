@@ -16,7 +16,7 @@
 
 atomic_uint st_free_flags;
 
-/* Under the block map's lock (emm_heap_free_if): the block's heap is of
+/* Under the block's arena lock (emm_heap_free_if): the block's heap is of
  * the space the free names. */
 static bool space_is(const emm_heap_t *heap, const void *pinned)
 {
@@ -38,7 +38,7 @@ int st_free_block_slow(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *r
 	/* A free naming the other space (device or pinned host) is the
 	 * driver's to refuse. With no pinned heap every block is device
 	 * memory: no question. The space is checked as the block is taken,
-	 * in the same block map operation. */
+	 * under the same arena lock. */
 	if (pinned || (atomic_load_explicit(&st_free_flags, memory_order_relaxed) & ST_FREE_PINNED)) {
 		r = emm_heap_free_if(addr, key, space_is, &pinned, ret_requested);
 		if (r == -EXDEV)

@@ -14,7 +14,7 @@
  * way. So the context's heap is replaced: allocations go to a fresh heap,
  * whose segments are plain allocations to the tool; the old one is
  * retired. It serves no allocation, takes the frees of its blocks (a free
- * finds its block's arena through the block map), gives its idle memory
+ * finds its block's arena through the segment map), gives its idle memory
  * back after each of them (st_retired_heap_of) and is destroyed with the
  * context. Only blocks allocated before the second device appeared keep
  * their regions.
@@ -96,7 +96,7 @@ emm_heap_t *st_retired_heap_of(emm_addr_t addr)
 	emm_heap_t *heap;
 	bool retired;
 
-	/* A free names a block's start: the block map knows its heap. */
+	/* A free names a block's start: its arena's table knows its heap. */
 	if (EMM_LIKELY(!(atomic_load_explicit(&st_free_flags, memory_order_relaxed) & ST_FREE_RETIRED)) ||
 	    !(heap = emm_heap_of_block(addr)))
 		return NULL;

@@ -988,7 +988,7 @@ TEST_BEGIN(test_find_block)
 	expect_u64_eq(r.base, b);
 	expect_int_eq(emm_heap_find_block(b + 5120, &r), -ENOENT); /* free space */
 	expect_int_eq(emm_heap_find_block(0x1234, &r), -ENOENT);
-	/* The block map's quick answer: a live block's start only. */
+	/* Whose block: a live block's start only. */
 	expect_ptr_eq(emm_heap_of_block(a), h);
 	expect_ptr_eq(emm_heap_of_block(b), h);
 	expect_ptr_null(emm_heap_of_block(a + 100));

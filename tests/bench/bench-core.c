@@ -12,7 +12,7 @@
  *              [--working-set [--iters N] [--min-threads N] [--max-threads N]]
  *
  * --threads runs only the thread table; --private gives each thread its own
- * heap (the block map stays shared), to tell heap sharing from the rest.
+ * heap (the segment map stays shared), to tell heap sharing from the rest.
  * --working-set runs only the working-set table: each thread keeps 64 live
  * blocks of random sizes (256 B - 8 MiB, log-uniform: tests/gpu/bench-threads'
  * loop) and replaces one per iteration (--iters, default 301 000 pairs a

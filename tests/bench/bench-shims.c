@@ -2,7 +2,7 @@
 /*
  * bench-shims: alloc/free pairs through libemm's driver shims over the
  * test-double driver (tests/fakecuda), on 1..N threads: the whole hot path a
- * program pays (shim, context lookup, guard, heap, block map, statistics),
+ * program pays (shim, context lookup, guard, heap, block table, statistics),
  * the device replaced by host memory. Run it with LD_PRELOAD=libemm.so and
  * the fake's folder first in LD_LIBRARY_PATH (tests/bench/run-shims.sh).
  *
