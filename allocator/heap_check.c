@@ -126,6 +126,8 @@ static int check_locked(struct arena *h, const struct heap_counters *c)
 				      (unsigned long long)b->addr, b->requested, b->size);
 				if (atomic_load_explicit(&b->tcached, memory_order_relaxed))
 					break; /* free, in a thread's cache */
+				CHECK(emm_blocktab_get(&h->tab, b->addr) == b, "live block 0x%llx not in its arena's table",
+				      (unsigned long long)b->addr);
 				allocated += b->size;
 				requested += b->requested;
 				live++;
@@ -235,6 +237,9 @@ static int check_locked(struct arena *h, const struct heap_counters *c)
 	      (unsigned long long)h->st.reserved);
 	CHECK(live == c->live_blocks, "live blocks %llu, counter %llu", (unsigned long long)live,
 	      (unsigned long long)c->live_blocks);
+	/* Every entry is one of those live blocks (each found above). */
+	CHECK(h->tab.count == live, "the arena's table holds %u blocks, %llu live", h->tab.count,
+	      (unsigned long long)live);
 	CHECK(segments == h->st.segments, "segments %llu, counter %llu", (unsigned long long)segments,
 	      (unsigned long long)h->st.segments);
 	return 0;
