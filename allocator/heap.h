@@ -96,7 +96,7 @@ struct emm_heap_params {
 	unsigned arenas;	     /* arenas, threads spread over them (0: one per CPU, <= 64;
 				      * rounded down to a power of two); both pools per arena */
 	bool thread_cache;	     /* a per-thread front cache for synchronous frees (heap_tcache.c):
-				      * recently freed blocks reused without a lock; default false */
+				      * recently freed blocks reused without a search of the pools; default false */
 };
 
 /* Where segments come from: a backend instance, seen through two calls. */

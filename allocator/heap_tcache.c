@@ -2,8 +2,11 @@
 /*
  * allocator/heap_tcache.c - the per-thread front cache (jemalloc's tcache,
  * mimalloc's thread-local free lists): blocks a thread freed with a
- * synchronous free, reused by its next allocations without a lock or a
- * shared atomic write. Only for heaps created with params.thread_cache.
+ * synchronous free, reused by its next allocations without a search of
+ * the arena's pools. The cache itself takes no lock and writes no shared
+ * atomic; the block still enters (and leaves) its arena's table under the
+ * arena lock (heap.c), as every allocation's does. Only for heaps created
+ * with params.thread_cache.
  *
  * Each thread has one cache, bound to one heap (and its arena of that heap)
  * at a time; it holds only blocks of that arena (a block freed by another

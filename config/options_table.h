@@ -168,7 +168,7 @@ static const char *const vmm_names[] = {
 	X(ARENAS, arenas, UINT, U(0), "", RANGE(0, 64),                                               \
 	  "Arenas per heap that threads spread over (0: one per CPU, at most 64)")                    \
 	X(THREAD_CACHE, thread_cache, BOOL, B(false), "", NOLIMIT,                                    \
-	  "A per-thread cache of recently freed blocks, reused without a lock (same fence rules)")    \
+	  "A per-thread cache of recently freed blocks, reused without a search of the pools (same fence rules)") \
 	X(TEARDOWN_WAIT, teardown_wait, UINT, U(2000), "ms", RANGE(0, 600000),                        \
 	  "How long a context teardown waits for threads still inside libemm; past it their heaps "   \
 	  "are left to them, not freed")                                                              \

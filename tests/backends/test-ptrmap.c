@@ -374,7 +374,12 @@ TEST_BEGIN(test_segmap_readers_and_writers)
 		assert_int_eq(pthread_create(&w[t], NULL, rw_writer, (void *)t), 0);
 	for (uintptr_t t = 0; t < 3; t++)
 		assert_int_eq(pthread_create(&r[t], NULL, rw_reader, NULL), 0);
-	usleep(300000);
+	/* At least 300 ms, until the readers have made 3000 lookups (writers
+	 * that never pause, as here, make readers search again and again: on
+	 * two slow CPUs under ThreadSanitizer 300 ms gave fewer than 1000),
+	 * at most 20 s. */
+	for (int ms = 0; ms < 20000 && (ms < 300 || atomic_load(&rw_finds) < 3000); ms += 10)
+		usleep(10000);
 	atomic_store(&rw_stop, true);
 	for (int t = 0; t < 2; t++)
 		pthread_join(w[t], NULL);
