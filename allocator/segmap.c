@@ -104,6 +104,12 @@ static size_t upper_bound(uint64_t addr)
 	return lo;
 }
 
+/* Granule g's place in its leaf. */
+static inline unsigned dir_index(uint64_t g)
+{
+	return (unsigned)(g & ((1u << DIR_LEAF_BITS) - 1));
+}
+
 static struct dir_leaf *dir_leaf_of(uint64_t g, bool make)
 {
 	struct dir_leaf **l = &dir[g >> DIR_LEAF_BITS];
@@ -132,7 +138,7 @@ static void dir_fill(struct dir_leaf *leaf, uint64_t g, unsigned count)
 {
 	uint64_t start = g << DIR_SHIFT;
 	size_t i = upper_bound(((g + 1) << DIR_SHIFT) - 1);
-	struct dir_slot *slot = &leaf->slot[g & ((1u << DIR_LEAF_BITS) - 1)];
+	struct dir_slot *slot = &leaf->slot[dir_index(g)];
 	const struct segment_entry *a = i > 0 ? &array->entries[i - 1] : NULL;
 	const struct segment_entry *b = count == 2 && i > 1 ? &array->entries[i - 2] : NULL;
 
@@ -160,7 +166,7 @@ static void dir_update(uint64_t base, uint64_t end, int delta)
 	}
 	for (uint64_t g = g0; g <= g1; g++) {
 		struct dir_leaf *leaf = dir_leaf_of(g, delta > 0);
-		unsigned k = (unsigned)(g & ((1u << DIR_LEAF_BITS) - 1));
+		unsigned k = dir_index(g);
 
 		if (!leaf) {
 			if (delta > 0) {
@@ -305,9 +311,9 @@ void *emm_segmap_remove(uint64_t base)
 	pthread_rwlock_wrlock(&segmap_lock);
 	i = upper_bound(base);
 	if (i > 0 && array->entries[i - 1].base == base) {
-		i--;
+		uint64_t removed_end = array->entries[--i].end;
+
 		value = array->entries[i].value;
-		uint64_t removed_end = array->entries[i].end;
 		write_begin();
 		for (size_t j = i; j + 1 < segment_count; j++)
 			entry_store(&array->entries[j], &array->entries[j + 1]);
@@ -365,7 +371,7 @@ static int dir_search(uint64_t addr, struct segment_entry *ret)
 	leaf = __atomic_load_n(&dir[addr >> (DIR_SHIFT + DIR_LEAF_BITS)], __ATOMIC_ACQUIRE);
 	if (!leaf)
 		return __atomic_load_n(&unindexed, __ATOMIC_RELAXED) ? -1 : 0;
-	slot = &leaf->slot[(addr >> DIR_SHIFT) & ((1u << DIR_LEAF_BITS) - 1)];
+	slot = &leaf->slot[dir_index(addr >> DIR_SHIFT)];
 	for (unsigned k = 0; k < 2; k++) {
 		void *value = __atomic_load_n(&slot->seg[k].value, __ATOMIC_RELAXED);
 
@@ -394,15 +400,9 @@ int emm_segmap_find(uint64_t addr, uint64_t *ret_base, size_t *ret_size, void **
 	for (;;) {
 		s = atomic_load_explicit(&seq, memory_order_acquire);
 		int d = s & 1u ? -1 : dir_search(addr, &e);
-		if (d >= 0) {
-			found = d == 1;
-			atomic_thread_fence(memory_order_acquire);
-			if (atomic_load_explicit(&seq, memory_order_relaxed) == s)
-				break;
-			emm_cpu_relax();
-			continue;
-		}
-		found = search_once(addr, &e, &s);
+		/* The directory's answer, else the bisection's (which reads the
+		 * count again into s). */
+		found = d >= 0 ? d == 1 : search_once(addr, &e, &s);
 		atomic_thread_fence(memory_order_acquire);
 		if (!(s & 1u) && atomic_load_explicit(&seq, memory_order_relaxed) == s)
 			break;
@@ -422,29 +422,14 @@ int emm_segmap_find(uint64_t addr, uint64_t *ret_base, size_t *ret_size, void **
 void *emm_segmap_value(uint64_t addr)
 {
 	unsigned s = atomic_load_explicit(&seq, memory_order_acquire);
-	const struct dir_leaf *leaf;
-	void *value = NULL;
+	struct segment_entry e;
+	void *value;
 
-	/* The common case in a few loads: an indexed granule, no writer. */
-	if (EMM_LIKELY(!(addr >> 48) && !(s & 1u) && !__atomic_load_n(&dir_off, __ATOMIC_RELAXED))) {
-		leaf = __atomic_load_n(&dir[addr >> (DIR_SHIFT + DIR_LEAF_BITS)], __ATOMIC_ACQUIRE);
-		if (EMM_LIKELY(leaf)) {
-			const struct dir_slot *slot = &leaf->slot[(addr >> DIR_SHIFT) & ((1u << DIR_LEAF_BITS) - 1)];
-			for (unsigned k = 0; k < 2; k++) {
-				void *v = __atomic_load_n(&slot->seg[k].value, __ATOMIC_RELAXED);
-				if (!v || v == DIR_SHARED)
-					break;
-				uint64_t base = __atomic_load_n(&slot->seg[k].base, __ATOMIC_RELAXED);
-				uint64_t end = __atomic_load_n(&slot->seg[k].end, __ATOMIC_RELAXED);
-				if (addr - base < end - base) {
-					value = v;
-					break;
-				}
-			}
-			atomic_thread_fence(memory_order_acquire);
-			if (EMM_LIKELY(value && atomic_load_explicit(&seq, memory_order_relaxed) == s))
-				return value;
-		}
+	/* The common case, once: the directory answers, no writer meanwhile. */
+	if (EMM_LIKELY(!(s & 1u) && dir_search(addr, &e) == 1)) {
+		atomic_thread_fence(memory_order_acquire);
+		if (EMM_LIKELY(atomic_load_explicit(&seq, memory_order_relaxed) == s))
+			return e.value;
 	}
 	return emm_segmap_find(addr, NULL, NULL, &value) == 0 ? value : NULL;
 }
