@@ -354,15 +354,15 @@ int emm_heap_free_if(emm_addr_t addr, emm_stream_t stream, bool (*accept)(const 
 
 	if (!h)
 		return -ENOENT;
+	/* Whose block it would be is known before the look-up: the arena's. */
+	bool accepted = accept(h->owner, arg);
 	arena_lock(h);
-	b = emm_blocktab_get(&h->tab, addr);
+	b = accepted ? emm_blocktab_take(&h->tab, addr) : emm_blocktab_get(&h->tab, addr);
 	if (EMM_LIKELY(b)) {
-		if (!accept(h->owner, arg)) {
-			arena_unlock(h);
-			return -EXDEV;
-		}
-		emm_blocktab_take(&h->tab, addr);
-		return free_locked(h, b, stream, ret_requested);
+		if (accepted)
+			return free_locked(h, b, stream, ret_requested);
+		arena_unlock(h);
+		return -EXDEV;
 	}
 	arena_unlock(h);
 	/* Not a block start. Inside a live block the caller refuses: -EXDEV as

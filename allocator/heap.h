@@ -231,9 +231,8 @@ int emm_heap_free(emm_addr_t addr, emm_stream_t stream, size_t *ret_requested);
 /* emm_heap_free, if accept(the heap of the block at addr, arg): else
  * -EXDEV and nothing changes (a free naming the other kind of memory; also
  * for an interior pointer of a live block of a refused heap). accept is
- * called under the block's arena lock: it must not block or reach a heap.
- * A block start costs one table lookup more than emm_heap_free; -EINVAL
- * and -ENOENT as it. */
+ * asked once, before the look-up, with no lock held. A block start costs
+ * what emm_heap_free's does; -EINVAL and -ENOENT as it. */
 int emm_heap_free_if(emm_addr_t addr, emm_stream_t stream, bool (*accept)(const emm_heap_t *heap, const void *arg),
                      const void *arg, size_t *ret_requested);
 

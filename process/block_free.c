@@ -16,8 +16,8 @@
 
 atomic_uint st_free_flags;
 
-/* Under the block's arena lock (emm_heap_free_if): the block's heap is of
- * the space the free names. */
+/* emm_heap_free_if's question: the block's heap is of the space the free
+ * names. */
 static bool space_is(const emm_heap_t *heap, const void *pinned)
 {
 	return emm_state_heap_is_pinned(heap) == *(const bool *)pinned;
@@ -37,8 +37,8 @@ int st_free_block_slow(emm_addr_t addr, emm_stream_t key, bool pinned, size_t *r
 	st_annotate_block(addr, false, pinned);
 	/* A free naming the other space (device or pinned host) is the
 	 * driver's to refuse. With no pinned heap every block is device
-	 * memory: no question. The space is checked as the block is taken,
-	 * under the same arena lock. */
+	 * memory: no question. The space is checked in the same call that
+	 * takes the block. */
 	if (pinned || (atomic_load_explicit(&st_free_flags, memory_order_relaxed) & ST_FREE_PINNED)) {
 		r = emm_heap_free_if(addr, key, space_is, &pinned, ret_requested);
 		if (r == -EXDEV)
