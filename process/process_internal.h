@@ -112,9 +112,7 @@ static inline void st_rwunlock(pthread_rwlock_t *l)
 extern atomic_bool st_init_done; /* state_init has finished */
 extern bool st_enabled;          /* written once inside state_init */
 extern atomic_bool st_exiting;
-/* Enabled, not exiting, EMM_CONTEXT_CHECK off: the one flag
- * st_current_entry's hit reads for all three (set last in state_init,
- * cleared with st_exiting). */
+/* Enabled, not exiting, EMM_CONTEXT_CHECK off (st_current_entry's hit). */
 extern atomic_bool st_fast_ctx;
 extern const struct emm_options *st_opts;
 extern struct emm_backend_loaded st_backend;

@@ -59,7 +59,7 @@ static atomic_uint atexit_registrations;
 atomic_bool st_init_done;
 bool st_enabled;
 atomic_bool st_exiting;
-atomic_bool st_fast_ctx;
+atomic_bool st_fast_ctx; /* set last in state_init, cleared with st_exiting (set_exiting) */
 static EMM_TLS_IE bool tls_in_init;
 static EMM_TLS_IE uint64_t tls_uid;
 static atomic_uint_fast64_t uid_next;
