@@ -16,20 +16,21 @@ place, and the parent sees the change.
 The test's own _share_cuda_() calls (to look inside PyTorch's handles) send
 blocks that no consumer ever opens, so PyTorch still holds them in its IPC
 limbo at the producer's exit ("Producer process has been terminated before
-all shared CUDA tensors released", in every run whose output was kept) and
-destroys them in its static destructors. The producer crashed after that
-warning (SIGSEGV, the test already passed) in both GPU-suite runs on two
-GPUs (tests/bench/RESULTS.md section 36), never in 9 runs of the test alone
-nor in 17 of the same sharing without those calls, with and without libemm
-and MALLOC_PERTURB_; faulthandler printed nothing (the crash comes after
-Python's finalisation) and the GPU machine has no debugger, so whose code
-crashes (PyTorch's limbo, CUDA's teardown, libemm's exit) is not known.
-PyTorch issue 51619 is a crash on that path. The producer therefore leaves
-with os._exit once its result is printed, skipping those destructors."""
+all shared CUDA tensors released") and destroys them in its static
+destructors. The producer crashed after that warning (SIGSEGV, the test
+already passed) in two GPU-suite runs on two GPUs (tests/bench/RESULTS.md
+section 36), never in 9 runs alone and 17 of a reduced repro there, nor in
+one suite run on two GPUs and 4 runs alone in section 37. faulthandler stops at Python's finalisation, so the producer loads
+tests/gpu/crash_trace.c's module (CRASH_TRACE_LIB, set by meson) to print
+the native frames of such a crash, and exits normally: a crash at exit
+fails the test, with the frames that say whose code it was."""
 import ctypes
 import faulthandler
 import os
 import sys
+
+if os.environ.get("CRASH_TRACE_LIB"):
+    ctypes.CDLL(os.environ["CRASH_TRACE_LIB"])
 
 MODE = sys.argv[1] if len(sys.argv) > 1 else "nocache"
 if MODE == "nocache":
@@ -122,10 +123,7 @@ def main():
 
     faulthandler.enable()
     case.run(test_share_tensors)
-    try:
-        case.finish()
-    except SystemExit as e:
-        os._exit(e.code if isinstance(e.code, int) else 1)
+    case.finish()
 
 
 if __name__ == "__main__":
