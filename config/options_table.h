@@ -149,9 +149,9 @@ static const char *const vmm_names[] = {
 	  "Close the open free epoch after this many synchronous frees (half if an allocation "        \
 	  "needs its memory, twice once 8 threads' arenas hold memory; 8 if unset with EMM_BACKEND=vmm)") \
 	X(EPOCH_BYTES, epoch_bytes, SIZE, Z(64 * MIB), "bytes", FLAGS(F_NONZERO),                     \
-	  "An allocation that misses closes the open free epoch once it holds this many freed "      \
-	  "bytes; a free closes it by bytes only at 16 times this (at this with a release "           \
-	  "threshold set)")                                                                           \
+	  "A miss closes the open free epoch once it holds this many freed bytes (one for half "     \
+	  "this or more, before a new segment, once it holds any); a free only at 16 times this "    \
+	  "(at this with a release threshold)")                                                       \
 	X(PENDING_LIMIT, pending_limit, SIZE, Z(1024 * MIB), "bytes", NOLIMIT,                        \
 	  "A miss that would reserve more memory while this many freed bytes still wait for their "   \
 	  "fences first waits (bounded) for the oldest fences; 0: never wait")                        \

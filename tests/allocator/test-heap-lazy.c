@@ -11,6 +11,8 @@
  *     non-blocking stream, through the arena and through the thread cache's
  *     path (blocks over 8 MiB take the arena's);
  *   - frees no allocation asks for again record nothing;
+ *   - a miss for half EMM_EPOCH_BYTES or more closes an epoch holding any
+ *     block of its pool before reserving a segment;
  *   - the bytes close at the miss serves a request no single pending block
  *     fits (the freed neighbours merge), and the hard bound still closes at
  *     the free; so does EMM_EPOCH_BYTES on a heap with a release threshold
@@ -233,6 +235,41 @@ TEST_BEGIN(test_release_threshold_closes_at_free)
 }
 TEST_END
 
+/* A miss for half EMM_EPOCH_BYTES or more closes an epoch holding any
+ * block of its pool before it reserves a segment (PyTorch's large tensors
+ * whose sizes change: each such new segment stays): a freed 48 MiB block
+ * serves the next 40 MiB, and a 32 MiB LIFO loop keeps one block. A 16 MiB
+ * request still grows (below). */
+TEST_BEGIN(test_half_bytes_close_before_segment)
+{
+	struct emm_heap_params p = params(false);
+	emm_heap_t *h = setup(&p, SIZE_MAX);
+	assert_ptr_not_null(h);
+
+	emm_addr_t a = xalloc(h, 48 * MIB, 0);
+	xfree(a, 0);
+	expect_u64_eq(heap_stats(h).epochs_closed, 0);
+	emm_addr_t b = xalloc(h, 40 * MIB, 0);
+	expect_u64_eq(b, a);
+	struct emm_stats st = heap_stats(h);
+	expect_u64_eq(st.epochs_closed, 1);
+	expect_u64_eq(st.backend_allocs, 1);
+	xfree(b, 0);
+	emm_addr_t c = xalloc(h, 16 * MIB, 0); /* a quarter: grows */
+	st = heap_stats(h);
+	expect_u64_eq(st.backend_allocs, 2);
+	expect_u64_eq(st.epochs_closed, 1);
+	xfree(c, 0);
+	for (int i = 0; i < 50; i++)
+		xfree(xalloc(h, 32 * MIB, 0), 0);
+	st = heap_stats(h);
+	expect_u64_eq(st.backend_allocs, 2);
+	expect_true(st.epochs_closed >= 50);
+	CHECKH(h);
+	teardown(h);
+}
+TEST_END
+
 /* Below the bytes, a miss grows as before (the count rule's pressure aside):
  * a 16 MiB LIFO loop keeps four blocks and closes one epoch per four pairs. */
 TEST_BEGIN(test_lifo_16m_amortized)
@@ -332,7 +369,7 @@ int main(void)
 {
 	return emm_test_run(test_lifo_64m, test_lifo_64m_tcache, test_lifo_64m_idle_stream, test_lifo_256m,
 	                    test_unneeded_frees_record_nothing, test_bytes_close_at_miss, test_release_threshold_closes_at_free,
-	                    test_lifo_16m_amortized,
+	                    test_half_bytes_close_before_segment, test_lifo_16m_amortized,
 	                    test_busy_stream_waits, test_busy_stream_waits_tcache, test_tcache_bytes_at_miss,
 	                    NULL);
 }
