@@ -62,10 +62,19 @@ def worker(out_dir):
     def same(got, want, what):
         ok = torch.equal(got, want)
         if not ok:
+            # Read again after the device is idle: data that changed between
+            # the two reads (a block reused under in-flight work) shows here.
+            torch.cuda.synchronize()
             bad = (got != want).nonzero()
-            case.fail("%s: %d element(s) differ, first at %s: got %s want %s"
-                      % (what, bad.shape[0], bad[0].tolist(), got[tuple(bad[0])].item(),
-                         want[tuple(bad[0])].item()))
+            if bad.shape[0] == 0:
+                case.fail("%s: torch.equal was false, and read again no element differs (equal now: %s, "
+                          "shapes %s %s, dtypes %s %s): the data changed between the reads"
+                          % (what, torch.equal(got, want), tuple(got.shape), tuple(want.shape),
+                             got.dtype, want.dtype))
+            else:
+                case.fail("%s: %d element(s) differ, first at %s: got %s want %s"
+                          % (what, bad.shape[0], bad[0].tolist(), got[tuple(bad[0])].item(),
+                             want[tuple(bad[0])].item()))
         return ok
 
     for dtype in (torch.float32, torch.int64, torch.bfloat16):
