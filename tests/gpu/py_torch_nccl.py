@@ -23,6 +23,7 @@ made (emm_stats_get(rank's device)), the other device's counters did not
 move in that process, and NCCL's own buffers (VMM calls with shareable
 handles, when NCCL uses them) are reported.
 """
+import datetime
 import hashlib
 import json
 import os
@@ -51,7 +52,9 @@ def worker(out_dir):
     emm = case.present()
     before = {d: case.stats(d) for d in range(torch.cuda.device_count())} if emm else None
 
-    dist.init_process_group("nccl", device_id=dev)
+    # A rank that dies leaves the others in a collective: PyTorch's watchdog
+    # ends them after this (its default is 10 minutes, past the test's limit).
+    dist.init_process_group("nccl", device_id=dev, timeout=datetime.timedelta(seconds=120))
     digest = hashlib.sha256()
     made = 0
 
