@@ -15,6 +15,11 @@
 # 4. keeps each trace under 2 MB (fewer steps until it fits) and prints
 #    emm-replay's report of each, to be committed with the traces.
 #
+# tests/data/pytorch-train-40.csv was not made here: it is the first 30 999
+# events (under 2 MB, its peak included) of a 40-step run of the same loop,
+# `EMM_LOG=... tests/bench/torch_train.py emm --steps 40` under the preload
+# with caching off (tests/bench/RESULTS.md section 37, run I2).
+#
 # Needs: meson, ninja, python3 with torch (CUDA) and cupy. A missing one is
 # skipped with a message; exit 1 if no trace was recorded.
 set -uo pipefail
