@@ -65,6 +65,23 @@ static inline bool epoch_worth_closing(struct arena *h, unsigned pool, size_t ro
 	return rounded >= h->p.epoch_max_bytes / 2 && h->open->max_size[pool];
 }
 
+/* Close the open epoch and look again, at once and after a poll: with every
+ * non-blocking stream idle its one legacy event may have completed already
+ * (and with none alive the blocks are ready without a poll). The block, or
+ * NULL (also when the close failed). Lock held. */
+static struct emm_block *close_and_find(struct arena *h, unsigned pool, size_t rounded, emm_stream_t stream)
+{
+	struct emm_block *b;
+
+	if (emm_heap_close_epoch(h) != 0)
+		return NULL;
+	if ((b = find_block(h, pool, rounded, stream)))
+		return b;
+	if (h->fq_head && emm_heap_poll_fences(h))
+		return find_block(h, pool, rounded, stream);
+	return NULL;
+}
+
 /*
  * Before reserving more: a ready block of another arena that serves the
  * request. PyTorch's caching allocator keeps one pool per device, and a
@@ -149,16 +166,10 @@ int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t s
 	 * needed, not at the free that passed them (a 64 MiB block freed and
 	 * allocated again closes one epoch per pair either way, but frees
 	 * that no allocation asks for again close none). The close is polled
-	 * at once: with every non-blocking stream idle its one legacy event
-	 * may have completed already (and with none alive the blocks are
-	 * ready without a poll). */
+	 * at once (close_and_find). */
 	emm_tcache_pressure_locked(h, rounded);
-	if (epoch_pressure(h, pool, rounded) && emm_heap_close_epoch(h) == 0) {
-		if ((b = find_block(h, pool, rounded, stream)))
-			goto hit;
-		if (h->fq_head && emm_heap_poll_fences(h) && (b = find_block(h, pool, rounded, stream)))
-			goto hit;
-	}
+	if (epoch_pressure(h, pool, rounded) && (b = close_and_find(h, pool, rounded, stream)))
+		goto hit;
 
 	if ((b = emm_heap_try_steal(h, pool, rounded, stream))) {
 		h->st.hits++;
@@ -175,12 +186,8 @@ int emm_heap_alloc_slow(struct arena *h, unsigned pool, size_t rounded, size_t s
 	if (emm_heap_pending_wait(h, pool, rounded, stream, &b))
 		goto hit;
 
-	if (epoch_worth_closing(h, pool, rounded) && emm_heap_close_epoch(h) == 0) {
-		if ((b = find_block(h, pool, rounded, stream)))
-			goto hit;
-		if (h->fq_head && emm_heap_poll_fences(h) && (b = find_block(h, pool, rounded, stream)))
-			goto hit;
-	}
+	if (epoch_worth_closing(h, pool, rounded) && (b = close_and_find(h, pool, rounded, stream)))
+		goto hit;
 
 	size_t seg_size = emm_heap_segment_size(&h->p, rounded);
 	if (!seg_size)
