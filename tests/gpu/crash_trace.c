@@ -27,7 +27,10 @@
 #include <ucontext.h>
 #include <unistd.h>
 
-static const int fatal[] = {SIGSEGV, SIGBUS, SIGABRT, SIGILL, SIGFPE};
+static const struct {
+	int sig;
+	const char *name;
+} fatal[] = {{SIGSEGV, "SIGSEGV"}, {SIGBUS, "SIGBUS"}, {SIGABRT, "SIGABRT"}, {SIGILL, "SIGILL"}, {SIGFPE, "SIGFPE"}};
 static char trace_path[512];
 static int trace_fd = -1;
 static char alt_stack[1 << 16];
@@ -94,14 +97,10 @@ static void frame(const char *tag, void *pc)
 
 static const char *sig_name(int sig)
 {
-	switch (sig) {
-	case SIGSEGV: return "SIGSEGV";
-	case SIGBUS: return "SIGBUS";
-	case SIGABRT: return "SIGABRT";
-	case SIGILL: return "SIGILL";
-	case SIGFPE: return "SIGFPE";
-	default: return "?";
-	}
+	for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
+		if (fatal[i].sig == sig)
+			return fatal[i].name;
+	return "?";
 }
 
 static void on_fatal(int sig, siginfo_t *si, void *ctx)
@@ -156,5 +155,5 @@ __attribute__((constructor)) static void crash_trace_init(void)
 	sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
 	sigemptyset(&sa.sa_mask);
 	for (size_t i = 0; i < sizeof(fatal) / sizeof(fatal[0]); i++)
-		(void)sigaction(fatal[i], &sa, NULL);
+		(void)sigaction(fatal[i].sig, &sa, NULL);
 }
