@@ -13,11 +13,19 @@
  * per-thread median ns per pair, and "THREADS\t..." lines for scripts.
  *
  *   bench_threads [--iters N] [--warmup N] [--threads 1,2,4,8,16] [--api malloc|async|both]
+ *                 [--inline-rng]
  *
  * Each thread first runs --warmup untimed iterations (default a tenth of
  * --iters, at least 256): the arenas' growth, backend allocations the
  * driver serialises across threads, is not what the loop measures
  * (tests/bench/RESULTS.md section 33).
+ *
+ * The timed loop reads its slots and sizes from a schedule each thread
+ * draws before the start (4 bytes an iteration, read in order): the pair is
+ * what is timed, not the random numbers (a Mersenne twister draw twice and
+ * an exp() an iteration, about 130 instructions). --inline-rng draws them
+ * inside the timed loop instead, as this benchmark did up to section 37 of
+ * RESULTS.md; both draw the same sequence, so both loops do the same pairs.
  */
 #include <cuda_runtime.h>
 #include <time.h>
@@ -25,6 +33,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,7 +62,16 @@ static size_t random_size(std::mt19937_64 &rng)
 	return (size_t)std::exp(d(rng));
 }
 
-static int warmup = -1; /* --warmup; -1 until main settles it (iters / 10, at least LIVE * 4) */
+static int warmup = -1;         /* --warmup; -1 until main settles it (iters / 10, at least LIVE * 4) */
+static bool inline_rng = false; /* --inline-rng */
+
+/* One iteration of the schedule: the slot in the top 6 bits, the size
+ * (at most 8 MiB, under 2^24) below. */
+static uint32_t draw(std::mt19937_64 &rng)
+{
+	uint32_t k = (uint32_t)(rng() % LIVE);
+	return k << 26 | (uint32_t)random_size(rng);
+}
 
 static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_result *out)
 {
@@ -77,13 +95,27 @@ static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_r
 		int k = (int)(rng() % LIVE);
 		ok &= release(live[k]) && alloc(&live[k], random_size(rng));
 	}
+	std::vector<uint32_t> plan;
+	if (!inline_rng) {
+		plan.resize((size_t)iters);
+		for (int i = 0; i < iters; i++)
+			plan[(size_t)i] = draw(rng);
+	}
 	go->fetch_add(1);
 	while (go->load() >= 0 && go->load() < 1000)
 		std::this_thread::yield();
 	long long t0 = now_ns();
-	for (int i = 0; i < iters && ok; i++) {
-		int k = (int)(rng() % LIVE);
-		ok &= release(live[k]) && alloc(&live[k], random_size(rng));
+	if (inline_rng) {
+		for (int i = 0; i < iters && ok; i++) {
+			int k = (int)(rng() % LIVE);
+			ok &= release(live[k]) && alloc(&live[k], random_size(rng));
+		}
+	} else {
+		const uint32_t *step = plan.data();
+		for (int i = 0; i < iters && ok; i++) {
+			uint32_t k = step[i] >> 26;
+			ok &= release(live[k]) && alloc(&live[k], step[i] & ((1u << 26) - 1));
+		}
 	}
 	long long t1 = now_ns();
 	for (int i = 0; i < LIVE; i++)
@@ -138,9 +170,11 @@ int main(int argc, char **argv)
 				threads.push_back(atoi(p));
 		} else if (!strcmp(argv[i], "--api") && i + 1 < argc) {
 			api = argv[++i];
+		} else if (!strcmp(argv[i], "--inline-rng")) {
+			inline_rng = true;
 		} else {
 			fprintf(stderr, "usage: bench_threads [--iters N] [--warmup N] [--threads 1,2,4] "
-			                "[--api malloc|async|both]\n");
+			                "[--api malloc|async|both] [--inline-rng]\n");
 			return 2;
 		}
 	}
@@ -159,8 +193,8 @@ int main(int argc, char **argv)
 	bool emm = getenv("LD_PRELOAD") && strstr(getenv("LD_PRELOAD"), "libemm");
 
 	printf("bench_threads: %d timed iterations per thread after %d untimed, %d live buffers of 256 B-8 MiB each, "
-	       "%s\n", iters, warmup, LIVE,
-	       emm ? "libemm preloaded" : "no libemm");
+	       "%s, random numbers %s\n", iters, warmup, LIVE,
+	       emm ? "libemm preloaded" : "no libemm", inline_rng ? "drawn in the timed loop" : "drawn before it");
 	printf("| path | threads | Mpairs/s (all threads) | median ns per pair (per thread) |\n|---|---|---|---|\n");
 	for (int a = 0; a < 2; a++) {
 		bool async = a == 1;

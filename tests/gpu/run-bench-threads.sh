@@ -9,6 +9,9 @@
 #   emm        libemm, cudaMalloc/cudaFree with EMM_THREAD_CACHE=1
 #   emm-notc   libemm with EMM_THREAD_CACHE=0 (the default: the shared
 #              arenas alone)
+#   emm-inline the same, its random numbers drawn inside the timed loop
+#              (bench-threads --inline-rng: the loop up to RESULTS.md
+#              section 37; the others draw them before it)
 #   emm-async  libemm, cudaMallocAsync/cudaFreeAsync on per-thread
 #              non-blocking streams
 #   cuda-async no libemm: cudaMallocAsync on CUDA's default pool (kept),
@@ -47,10 +50,11 @@ tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 failed=0
 for r in $(seq 1 "$rounds"); do
-	for v in emm emm-notc emm-async cuda-async; do
+	for v in emm emm-notc emm-inline emm-async cuda-async; do
 		case $v in
 		emm) cmd=(env LD_PRELOAD="$lib" EMM_THREAD_CACHE=1 "$bench" --api malloc) ;;
 		emm-notc) cmd=(env LD_PRELOAD="$lib" EMM_THREAD_CACHE=0 "$bench" --api malloc) ;;
+		emm-inline) cmd=(env LD_PRELOAD="$lib" EMM_THREAD_CACHE=0 "$bench" --api malloc --inline-rng) ;;
 		emm-async) cmd=(env LD_PRELOAD="$lib" "$bench" --api async) ;;
 		cuda-async) cmd=(env -u LD_PRELOAD "$bench" --api async) ;;
 		esac
@@ -69,8 +73,8 @@ done
 
 echo "bench-threads: $rounds interleaved rounds, $iters iterations per thread (CUDA's pool $(( iters / 50 > 0 ? iters / 50 : 1 ))), $(nvidia-smi -L 2>/dev/null | head -1)"
 echo
-echo "| threads | libemm cudaMalloc, EMM_THREAD_CACHE=1 | libemm cudaMalloc, EMM_THREAD_CACHE=0 (default) | libemm cudaMallocAsync | CUDA pool cudaMallocAsync |"
-echo "|---|---|---|---|---|"
+echo "| threads | libemm cudaMalloc, EMM_THREAD_CACHE=1 | libemm cudaMalloc, EMM_THREAD_CACHE=0 (default) | libemm cudaMallocAsync | CUDA pool cudaMallocAsync | default, random numbers in the timed loop |"
+echo "|---|---|---|---|---|---|"
 awk '
 function median(s,   a, n, i, j, t) {
 	n = split(s, a, " ")
@@ -79,7 +83,7 @@ function median(s,   a, n, i, j, t) {
 }
 { v[$1 SUBSEP $2] = v[$1 SUBSEP $2] (v[$1 SUBSEP $2] == "" ? "" : " ") $3; seen[$2] = 1 }
 END {
-	nv = split("emm emm-notc emm-async cuda-async", names, " ")
+	nv = split("emm emm-notc emm-async cuda-async emm-inline", names, " ")
 	n = 0; for (t in seen) ts[++n] = t + 0
 	for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (ts[j] < ts[i]) { x = ts[i]; ts[i] = ts[j]; ts[j] = x }
 	for (i = 1; i <= n; i++) {
@@ -98,5 +102,8 @@ END {
 	if (m[1, lo] > 0 && m[4, hi] > 0)
 		printf "libemm cudaMalloc, EMM_THREAD_CACHE=1: %d threads / %d thread = %.2fx; vs CUDA pool at %d threads = %.1fx; cache on/off at %d threads = %.2fx\n",
 		       hi, lo, m[1, hi] / m[1, lo], hi, m[1, hi] / m[4, hi], hi, (m[2, hi] > 0 ? m[1, hi] / m[2, hi] : 0)
+	if (m[2, lo] > 0 && m[5, lo] > 0)
+		printf "%d thread, defaults: %.1f ns a pair (target <= 150); %.1f ns with the random numbers drawn in the timed loop\n",
+		       lo, 1000 / (m[2, lo] / lo), 1000 / (m[5, lo] / lo)
 }' "$tmp"
 exit $failed
