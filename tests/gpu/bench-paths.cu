@@ -17,7 +17,7 @@
  * For each of cudaMalloc+cudaFree, cuMemAlloc+cuMemFree and
  * cudaMallocAsync+cudaFreeAsync, and 256 B to 256 MiB (project issue 11's
  * range: the target is a cached pair at most 1/7 of cudaMallocAsync's at every
- * size); and for XLA's platform-allocator buffer (issue 10: cuMemCreate +
+ * size; --sizes 16M,48M,... measures those instead, without the VMM rows); and for XLA's platform-allocator buffer (issue 10: cuMemCreate +
  * cuMemAddressReserve + cuMemMap + cuMemSetAccess, freed with cuMemUnmap +
  * cuMemRelease + cuMemAddressFree, in XLA's order and with its properties:
  * a POSIX file descriptor handle type requested, the granularity as the
@@ -54,9 +54,33 @@
 #include "gpu_common.h"
 #include "vmm_calls.h"
 
-static const size_t sizes[] = {256, 64u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
-static const char *size_names[] = {"256 B", "64 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB", "256 MiB"};
-enum { NSIZES = sizeof(sizes) / sizeof(sizes[0]) };
+enum { NSIZES = 16 }; /* at most, with --sizes */
+static size_t sizes[NSIZES] = {256, 64u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20, 256u << 20};
+static const char *size_names[NSIZES] = {"256 B", "64 KiB", "1 MiB", "4 MiB", "16 MiB", "64 MiB", "256 MiB"};
+static int nsizes = 7;
+static bool vmm_rows = true; /* off with --sizes */
+
+/* --sizes LIST: comma-separated sizes in bytes, or with a K or M suffix
+ * (binary); false on a bad list. Named "N MiB", "N KiB" or "N B". */
+static bool parse_sizes(char *list)
+{
+	static char names[NSIZES][24];
+	int n = 0;
+
+	for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
+		char *end;
+		unsigned long long v = strtoull(t, &end, 10);
+		unsigned shift = *end == 'K' ? 10 : *end == 'M' ? 20 : 0;
+		if (n == NSIZES || v == 0 || (shift && *++end) || *end)
+			return false;
+		sizes[n] = (size_t)v << shift;
+		snprintf(names[n], sizeof(names[n]), "%llu %s", v, shift == 20 ? "MiB" : shift ? "KiB" : "B");
+		size_names[n] = names[n];
+		n++;
+	}
+	nsizes = n;
+	return n > 0;
+}
 enum { ROUNDS = 3 };
 
 enum api { API_CUDA_MALLOC, API_CU_MEM_ALLOC, API_CUDA_MALLOC_ASYNC, NAPIS };
@@ -81,7 +105,7 @@ static const char *vmm_size_names[] = {"2 MiB", "8 MiB", "64 MiB"};
 enum { NVSIZES = sizeof(vmm_sizes) / sizeof(vmm_sizes[0]) };
 
 struct result {
-	double median_us, p10_us, p90_us;
+	double median_us, p10_us, p90_us, mean_us;
 	unsigned long long hits, misses, backend;
 	bool ok;
 };
@@ -215,6 +239,10 @@ static struct result measure_pairs(int api, size_t size, int iters, int warmup)
 	}
 	cudaStreamSynchronize(stream);
 	(void)gpu_stats(GPU_SCOPE_PROCESS, &b);
+	long long sum = 0;
+	for (long long x : t)
+		sum += x;
+	r.mean_us = (double)sum / (double)t.size() / 1000.0;
 	std::sort(t.begin(), t.end());
 	r.median_us = t[t.size() / 2] / 1000.0;
 	r.p10_us = t[t.size() / 10] / 1000.0;
@@ -248,8 +276,9 @@ static struct result median_round(const struct result *rounds)
 }
 
 /* One table row, and its BENCH line: "BENCH\tmode\tapi\tsize\tmedian\tp10\t
- * p90\tok\thits\tmisses" (hits and misses: the pool's, or for the VMM
- * sequences the VMM cache's; 0 without libemm). */
+ * p90\tok\thits\tmisses\tmean" (hits and misses: the pool's, or for the VMM
+ * sequences the VMM cache's; 0 without libemm; mean: all the pairs' time over
+ * their count, which counts the few slow pairs a median passes over). */
 static void report_row(std::string *table, std::string *bench, const std::string &mode, int api, size_t size,
                        const char *size_name, const struct result *r)
 {
@@ -264,8 +293,8 @@ static void report_row(std::string *table, std::string *bench, const std::string
 		snprintf(row, sizeof(row), "| %s | %s | %.2f | %.2f | %.2f | - | - | - |\n", api_names[api], size_name,
 		         r->median_us, r->p10_us, r->p90_us);
 	*table += row;
-	snprintf(row, sizeof(row), "BENCH\t%s\t%d\t%zu\t%.3f\t%.3f\t%.3f\t%d\t%llu\t%llu\n", mode.c_str(), api, size,
-	         r->median_us, r->p10_us, r->p90_us, r->ok ? 1 : 0, r->hits, r->misses);
+	snprintf(row, sizeof(row), "BENCH\t%s\t%d\t%zu\t%.3f\t%.3f\t%.3f\t%d\t%llu\t%llu\t%.3f\n", mode.c_str(), api,
+	         size, r->median_us, r->p10_us, r->p90_us, r->ok ? 1 : 0, r->hits, r->misses, r->mean_us);
 	*bench += row;
 }
 
@@ -281,8 +310,10 @@ int main(int argc, char **argv)
 			warmup = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--no-out") == 0)
 			no_out = true;
+		else if (strcmp(argv[i], "--sizes") == 0 && i + 1 < argc && parse_sizes(argv[++i]))
+			vmm_rows = false;
 		else {
-			fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--no-out]\n", argv[0]);
+			fprintf(stderr, "usage: %s [--iters N] [--warmup N] [--no-out] [--sizes 256,64K,48M]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -345,12 +376,13 @@ int main(int argc, char **argv)
 	 * the other, and a cold start (CPU clock, caches, the driver's lazy
 	 * set-up) would otherwise be charged to whichever comes first
 	 * (cudaMalloc). Untimed: 0.3 s of small pairs through every path. */
+	const int nv = vmm_rows ? (int)NVSIZES : 0; /* VMM rows: none with --sizes */
 	long long warm_until = now_ns() + 300000000ll;
 	while (now_ns() < warm_until) {
 		for (int a = 0; a < NAPIS; a++)
-			for (int s = 0; s < 4; s++)
+			for (int s = 0; s < 4 && s < nsizes; s++)
 				(void)pair(a, sizes[s]);
-		for (int a = NAPIS; a < NALL; a++)
+		for (int a = NAPIS; a < NALL && vmm_rows; a++)
 			(void)pair(a, vmm_sizes[0]);
 		cudaStreamSynchronize(stream); /* keep the queue short */
 	}
@@ -363,12 +395,12 @@ int main(int argc, char **argv)
 	static struct result rounds[NAPIS][NSIZES][ROUNDS];
 	static struct result vrounds[NVMM][NVSIZES][ROUNDS];
 	for (int r = 0; r < ROUNDS; r++) {
-		for (int s = 0; s < NSIZES; s++)
+		for (int s = 0; s < nsizes; s++)
 			for (int k = 0; k < NAPIS; k++) {
 				int a = (k + r) % NAPIS;
 				rounds[a][s][r] = measure(a, sizes[s], iters, warmup);
 			}
-		for (int s = 0; s < NVSIZES; s++)
+		for (int s = 0; s < nv; s++)
 			for (int k = 0; k < NVMM; k++) {
 				int v = (k + r) % NVMM;
 				vrounds[v][s][r] = measure(NAPIS + v, vmm_sizes[s], iters, warmup);
@@ -377,12 +409,12 @@ int main(int argc, char **argv)
 	struct result res[NAPIS][NSIZES], vres[NVMM][NVSIZES];
 	bool all_ok = true;
 	for (int a = 0; a < NAPIS; a++)
-		for (int s = 0; s < NSIZES; s++) {
+		for (int s = 0; s < nsizes; s++) {
 			res[a][s] = median_round(rounds[a][s]);
 			all_ok = all_ok && res[a][s].ok;
 		}
 	for (int v = 0; v < NVMM; v++)
-		for (int s = 0; s < NVSIZES; s++) {
+		for (int s = 0; s < nv; s++) {
 			vres[v][s] = median_round(vrounds[v][s]);
 			all_ok = all_ok && vres[v][s].ok;
 		}
@@ -392,10 +424,10 @@ int main(int argc, char **argv)
 	    "|---|---|---|---|---|---|---|---|\n";
 	std::string bench;
 	for (int a = 0; a < NAPIS; a++)
-		for (int s = 0; s < NSIZES; s++)
+		for (int s = 0; s < nsizes; s++)
 			report_row(&table, &bench, mode, a, sizes[s], size_names[s], &res[a][s]);
 	for (int v = 0; v < NVMM; v++)
-		for (int s = 0; s < NVSIZES; s++)
+		for (int s = 0; s < nv; s++)
 			report_row(&table, &bench, mode, NAPIS + v, vmm_sizes[s], vmm_size_names[s], &vres[v][s]);
 	fputs(table.c_str(), stdout);
 	fputs(bench.c_str(), stdout);
