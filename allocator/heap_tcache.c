@@ -15,14 +15,17 @@
  *   - pending: freed, not yet reusable (fence mode): the thread's own epoch.
  *     After EMM_EPOCH_BLOCKS frees (or 16 times EMM_EPOCH_BYTES, the hard
  *     bound), or at an allocation that misses with a pending block that
- *     would serve it (while the epoch holds EMM_EPOCH_BYTES, or half its
- *     quota and the bins too little: emm_tcache_alloc), it is closed in
+ *     would serve it while half its quota is pending and the bins hold too
+ *     little (emm_tcache_alloc), it is closed in
  *     one arena lock (emm_heap_close_blocks): one event on the legacy
  *     stream, exactly as the shared open epoch closes, whose blocks join it (so
  *     every synchronous free still counts towards an epoch close). When the
- *     arena misses and half the quota is pending with a block that could
- *     serve the miss, the blocks join the shared open epoch, which the
- *     arena's pressure rule then closes (emm_tcache_pressure_locked). With no live non-blocking
+ *     arena misses too (it has nothing ready that serves the request) and
+ *     the epoch holds EMM_EPOCH_BYTES, or half the quota is pending with a
+ *     block that could serve the miss, the blocks join the shared open
+ *     epoch, which the arena's pressure rule then closes
+ *     (emm_tcache_pressure_locked): bytes close an epoch only when memory
+ *     is needed, as in the arena. With no live non-blocking
  *     stream the blocks come straight back, ready-any; otherwise the fence
  *     stays in the arena and they are reached through it like every other
  *     epoch's blocks. So a block in a cache is reused only when it would be
@@ -91,18 +94,21 @@ bool emm_tcache_alloc(struct emm_heap *heap, unsigned pool, size_t rounded, size
 			break;
 	if (!b) {
 		/* The thread's epoch closes here, its blocks back to the bins, when
-		 * one of them would serve this (they come back unmerged) and
-		 * memory is needed: its bytes (epoch_pressure in heap_alloc.c), or
-		 * half its quota while the bins together hold too little for this
-		 * request (a same-size loop: left to the arena's miss path, the
-		 * blocks would join the shared open epoch and come back through
-		 * the arena). A miss beside full bins of other classes goes to the
-		 * arena: closing at half the quota there doubled the epochs of a
-		 * working set of random sizes (1 per 33.5 frees against the shared
-		 * way's 1 per 64, RESULTS.md section 31). */
-		if (tc->pend_max < rounded ||
-		    (!tc_pressure_bytes(tc, rounded) &&
-		     (tc->ready_bytes >= rounded || tc->npend < (arena_epoch_blocks(tc->arena) + 1) / 2)))
+		 * one of them would serve this (they come back unmerged) while
+		 * half its quota is pending and the bins together hold too little
+		 * for this request (a same-size loop: left to the arena's miss
+		 * path, the blocks would join the shared open epoch and come back
+		 * through the arena). A miss beside full bins of other classes
+		 * goes to the arena: closing at half the quota there doubled the
+		 * epochs of a working set of random sizes (1 per 33.5 frees
+		 * against the shared way's 1 per 64, RESULTS.md section 31). Not
+		 * for the epoch's bytes alone: the arena may serve the miss from
+		 * ready memory, and it closes by bytes only when it cannot
+		 * (emm_tcache_pressure_locked, epoch_pressure in heap_alloc.c).
+		 * Closing here at EMM_EPOCH_BYTES made 16 threads of a working set
+		 * close 41 % more epochs than the arenas (section 38, run J5). */
+		if (tc->pend_max < rounded || tc->ready_bytes >= rounded ||
+		    tc->npend < (arena_epoch_blocks(tc->arena) + 1) / 2)
 			return false;
 		close_pending(tc);
 		for (pp = &tc->bins[c]; (b = *pp); pp = &b->link)
