@@ -263,6 +263,7 @@ static void run(enum path p, size_t size, unsigned threads, double *med, double 
 /* --- the working set ------------------------------------------------------- */
 
 #define WS_LIVE 64
+#define WS_SLOT_SHIFT 26 /* a schedule entry: the slot above, the size below */
 
 static size_t ws_size(uint64_t *rng)
 {
@@ -305,14 +306,14 @@ static void *ws_loop(void *arg)
 		j->err = 1;
 	for (unsigned i = 0; plan && i < j->iters; i++) {
 		unsigned k = (unsigned)(rng % WS_LIVE);
-		plan[i] = (uint32_t)k << 26 | (uint32_t)ws_size(&rng);
+		plan[i] = (uint32_t)k << WS_SLOT_SHIFT | (uint32_t)ws_size(&rng);
 	}
 	pthread_barrier_wait(j->barrier);
 	uint64_t t0 = now_ns();
 	for (unsigned i = 0; i < j->iters && !j->err; i++) {
-		unsigned k = plan[i] >> 26;
+		unsigned k = plan[i] >> WS_SLOT_SHIFT;
 		if (emm_heap_free(live[k], EMM_STREAM_SYNC, NULL) ||
-		    emm_heap_alloc(j->heap, plan[i] & ((1u << 26) - 1), EMM_STREAM_SYNC, &live[k]))
+		    emm_heap_alloc(j->heap, plan[i] & ((1u << WS_SLOT_SHIFT) - 1), EMM_STREAM_SYNC, &live[k]))
 			j->err = 1;
 	}
 	j->ns = now_ns() - t0;

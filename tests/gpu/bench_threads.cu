@@ -67,10 +67,11 @@ static bool inline_rng = false; /* --inline-rng */
 
 /* One iteration of the schedule: the slot in the top 6 bits, the size
  * (at most 8 MiB, under 2^24) below. */
+enum { SLOT_SHIFT = 26 };
 static uint32_t draw(std::mt19937_64 &rng)
 {
 	uint32_t k = (uint32_t)(rng() % LIVE);
-	return k << 26 | (uint32_t)random_size(rng);
+	return k << SLOT_SHIFT | (uint32_t)random_size(rng);
 }
 
 static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_result *out)
@@ -105,17 +106,10 @@ static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_r
 	while (go->load() >= 0 && go->load() < 1000)
 		std::this_thread::yield();
 	long long t0 = now_ns();
-	if (inline_rng) {
-		for (int i = 0; i < iters && ok; i++) {
-			int k = (int)(rng() % LIVE);
-			ok &= release(live[k]) && alloc(&live[k], random_size(rng));
-		}
-	} else {
-		const uint32_t *step = plan.data();
-		for (int i = 0; i < iters && ok; i++) {
-			uint32_t k = step[i] >> 26;
-			ok &= release(live[k]) && alloc(&live[k], step[i] & ((1u << 26) - 1));
-		}
+	for (int i = 0; i < iters && ok; i++) {
+		uint32_t step = inline_rng ? draw(rng) : plan[(size_t)i];
+		uint32_t k = step >> SLOT_SHIFT;
+		ok &= release(live[k]) && alloc(&live[k], step & ((1u << SLOT_SHIFT) - 1));
 	}
 	long long t1 = now_ns();
 	for (int i = 0; i < LIVE; i++)
