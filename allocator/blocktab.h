@@ -14,7 +14,7 @@
  * stay short however many inserts and takes have happened); key 0 marks an
  * empty slot (address 0 is never a block). Fibonacci hashing of addr >> 9
  * (blocks are at least 512 B apart) picks the home slot. The table doubles
- * above 1/4 load (emm_blocktab_grow, blocktab.c) and never shrinks. The
+ * above 1/8 load (emm_blocktab_grow, blocktab.c) and never shrinks. The
  * caller provides the locking; nothing here blocks or calls the driver.
  */
 #ifndef EMM_ALLOCATOR_BLOCKTAB_H
@@ -72,10 +72,13 @@ static inline int emm_blocktab_insert(struct emm_blocktab *t, uint64_t addr, voi
 	i = emm_blocktab_probe(t, addr);
 	if (EMM_UNLIKELY(t->slots[i].key == addr))
 		return -EEXIST;
-	/* Keep the load at or below 1/4 after this insert: an insert then
-	 * probes 1.4 slots on average, against 2.3 at 1/2 (64 live blocks,
-	 * bench-shims --pattern ws). 16 bytes a slot: 64 KiB for 1000 blocks. */
-	if (EMM_UNLIKELY(((size_t)t->count + 1) * 4 > (size_t)t->mask + 1)) {
+	/* Keep the load at or below 1/8 after this insert: a probe then
+	 * mostly ends at its home slot, and the branches that end the probe
+	 * and the deletion's shift mispredict less (1/4 to 1/8: 1.4 to 0.6
+	 * mispredicts a pair in callgrind's model and 9 % off the core's
+	 * working-set pair on the CPU host, tests/bench/RESULTS.md section
+	 * 39). 16 bytes a slot: 128 KiB for 1000 blocks. */
+	if (EMM_UNLIKELY(((size_t)t->count + 1) * 8 > (size_t)t->mask + 1)) {
 		int r = emm_blocktab_grow(t);
 		if (r < 0)
 			return r;

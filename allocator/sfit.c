@@ -5,6 +5,8 @@
  */
 #include "allocator/sfit.h"
 
+#include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #define SL_MASK ((1u << SFIT_SL) - 1u)
@@ -54,16 +56,26 @@ static int bin_below(const struct emm_sfit *t, unsigned b)
 	return (int)(f * SFIT_SL + 31u - (unsigned)__builtin_clz(t->sl_map[f]));
 }
 
+/* Where to write the pprev of node n: its own, or t->scratch when n is NULL
+ * (the end of a list), chosen by a mask rather than a branch (a compiler
+ * branches on the plain conditional, and mispredicts it). */
+static inline struct emm_sfit_node ***pprev_of(struct emm_sfit *t, struct emm_sfit_node *n)
+{
+	uintptr_t keep = (uintptr_t)0 - (uintptr_t)(n != NULL);
+
+	return (struct emm_sfit_node ***)((((uintptr_t)n + offsetof(struct emm_sfit_node, pprev)) & keep) |
+	                                  ((uintptr_t)&t->scratch & ~keep));
+}
+
 void emm_sfit_insert(struct emm_sfit *t, struct emm_sfit_node *n)
 {
 	unsigned b = emm_sfit_bin(n->size);
 	struct emm_sfit_node *head = t->bins[b];
 
 	n->bin = (uint16_t)b;
-	n->prev = NULL;
 	n->next = head;
-	if (head)
-		head->prev = n;
+	n->pprev = &t->bins[b];
+	*pprev_of(t, head) = &n->next;
 	t->bins[b] = n;
 	t->sl_map[b / SFIT_SL] |= (uint8_t)(1u << (b % SFIT_SL));
 	t->fl_map |= 1ull << (b / SFIT_SL);
@@ -73,20 +85,17 @@ void emm_sfit_insert(struct emm_sfit *t, struct emm_sfit_node *n)
 
 void emm_sfit_remove(struct emm_sfit *t, struct emm_sfit_node *n)
 {
-	unsigned b = n->bin;
+	unsigned b = n->bin, f = b / SFIT_SL;
+	struct emm_sfit_node *next = n->next;
 
-	if (n->prev)
-		n->prev->next = n->next;
-	else
-		t->bins[b] = n->next;
-	if (n->next)
-		n->next->prev = n->prev;
-	if (!t->bins[b]) {
-		t->sl_map[b / SFIT_SL] &= (uint8_t)~(1u << (b % SFIT_SL));
-		if (!t->sl_map[b / SFIT_SL])
-			t->fl_map &= ~(1ull << (b / SFIT_SL));
-	}
-	n->prev = n->next = NULL;
+	*n->pprev = next;
+	*pprev_of(t, next) = n->pprev;
+	/* The bin's bit off if it emptied, and the power's if that was its
+	 * last bin: computed, not branched on. */
+	t->sl_map[f] &= (uint8_t)~((unsigned)(t->bins[b] == NULL) << (b % SFIT_SL));
+	t->fl_map &= ~((uint64_t)(t->sl_map[f] == 0) << f);
+	n->next = NULL;
+	n->pprev = NULL;
 	n->linked = false;
 	t->count--;
 }
@@ -161,13 +170,13 @@ int emm_sfit_check(const struct emm_sfit *t, const char **ret_why)
 			FAIL("power bitmap does not match its bins");
 		for (unsigned s = 0; s < SFIT_SL; s++) {
 			unsigned b = f * SFIT_SL + s;
-			const struct emm_sfit_node *prev = NULL;
+			struct emm_sfit_node *const *pprev = &t->bins[b];
 			if (((t->sl_map[f] >> s) & 1u) != (t->bins[b] != NULL))
 				FAIL("bin bitmap does not match its list");
-			for (const struct emm_sfit_node *n = t->bins[b]; n; prev = n, n = n->next) {
+			for (const struct emm_sfit_node *n = t->bins[b]; n; pprev = &n->next, n = n->next) {
 				if (!n->linked || n->bin != b || emm_sfit_bin(n->size) != b)
 					FAIL("node in the wrong bin");
-				if (n->prev != prev)
+				if ((const void *)n->pprev != (const void *)pprev)
 					FAIL("broken list link");
 				if (++count > t->count)
 					FAIL("more nodes than counted");

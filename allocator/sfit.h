@@ -15,7 +15,9 @@
  * within 1/8 of a power of two of the best otherwise.
  *
  * Intrusive (nodes live in the caller's objects, nothing allocates), not
- * thread-safe: the owner's lock covers it.
+ * thread-safe: the owner's lock covers it. A bin's first node points back
+ * at the bin (pprev), so an index holding nodes must not be copied or
+ * moved.
  */
 #ifndef EMM_ALLOCATOR_SFIT_H
 #define EMM_ALLOCATOR_SFIT_H
@@ -30,8 +32,9 @@
 #define SFIT_SCAN    32u
 
 struct emm_sfit_node {
-	struct emm_sfit_node *prev, *next; /* the bin's list */
-	uint64_t size, addr;               /* set by the caller before insert, unchanged while linked */
+	struct emm_sfit_node *next;   /* the bin's list */
+	struct emm_sfit_node **pprev; /* what points at this node: the bin's head or the previous node's next */
+	uint64_t size, addr;          /* set by the caller before insert, unchanged while linked */
 	uint16_t bin;
 	bool linked;
 };
@@ -41,6 +44,10 @@ struct emm_sfit {
 	uint8_t sl_map[64];       /* bit s of sl_map[f]: bin f * SFIT_SL + s is non-empty */
 	struct emm_sfit_node *bins[SFIT_BINS];
 	size_t count;
+	/* Written in place of the next node's pprev when there is none, so
+	 * that linking and unlinking take no branch on it (the lists' ends
+	 * depend on the sizes freed: a branch there mispredicts). */
+	struct emm_sfit_node **scratch;
 };
 
 void emm_sfit_init(struct emm_sfit *t);
