@@ -259,17 +259,12 @@ void emm_pool_ready_list(struct arena *h, struct emm_block *list)
 static inline bool should_split(const struct arena *h, const struct emm_block *b, size_t rounded)
 {
 	size_t rem = b->size - rounded;
-	bool small = b->pool == POOL_SMALL;
 
-	/* Small pool: a remainder of EMM_MIN_BLOCK or more. Large pool: the
-	 * remainder must be worth a large block (> small_max, 1 MiB by
-	 * default), and oversize requests never split. Computed and combined
-	 * without a branch: the pool follows the program's sizes, and a
-	 * branch on it mispredicted half the times it ran on a working set of
-	 * random sizes (callgrind's branch model). Every caller's block fits
-	 * (b->size >= rounded), so a block of the request's size has rem 0
-	 * and never splits. */
-	return (small & (rem >= EMM_MIN_BLOCK)) | (!small & (rounded < h->p.max_split) & (rem > h->p.small_max));
+	if (b->pool == POOL_SMALL)
+		return rem >= EMM_MIN_BLOCK;
+	/* Large pool: remainders must be worth a large block (> small_max, 1 MiB
+	 * by default), and oversize requests never split. */
+	return rounded < h->p.max_split && rem > h->p.small_max;
 }
 
 /* Mark a block live for a request of `size` on `stream`, and count it. */
@@ -288,7 +283,7 @@ static inline void take_live(struct arena *h, struct emm_block *b, size_t size, 
 static inline void take_common(struct arena *h, struct emm_block *b, size_t rounded, size_t size,
                                emm_stream_t stream, bool reserved)
 {
-	if (should_split(h, b, rounded)) {
+	if (b->size > rounded && should_split(h, b, rounded)) {
 		struct emm_block *r = block_new(h);
 		if (r) { /* without metadata the whole block goes out: still correct */
 			r->seg = b->seg;
@@ -330,7 +325,7 @@ struct emm_block *emm_pool_take_block(struct arena *h, struct emm_block *b, size
 {
 	struct emm_block *a;
 
-	if (b->stream == 0 && should_split(h, b, rounded) && (a = block_new(h))) {
+	if (b->stream == 0 && b->size > rounded && should_split(h, b, rounded) && (a = block_new(h))) {
 		struct emm_segment *s = b->seg;
 		if (s->idle)
 			idle_del(h, s);

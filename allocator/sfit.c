@@ -5,8 +5,6 @@
  */
 #include "allocator/sfit.h"
 
-#include <stddef.h>
-#include <stdint.h>
 #include <string.h>
 
 #define SL_MASK ((1u << SFIT_SL) - 1u)
@@ -54,50 +52,6 @@ static int bin_below(const struct emm_sfit *t, unsigned b)
 		return -1;
 	f = 63u - (unsigned)__builtin_clzll(fm);
 	return (int)(f * SFIT_SL + 31u - (unsigned)__builtin_clz(t->sl_map[f]));
-}
-
-/* Where to write the pprev of node n: its own, or t->scratch when n is NULL
- * (the end of a list), chosen by a mask rather than a branch (a compiler
- * branches on the plain conditional, and mispredicts it). */
-static inline struct emm_sfit_node ***pprev_of(struct emm_sfit *t, struct emm_sfit_node *n)
-{
-	uintptr_t keep = (uintptr_t)0 - (uintptr_t)(n != NULL);
-
-	return (struct emm_sfit_node ***)((((uintptr_t)n + offsetof(struct emm_sfit_node, pprev)) & keep) |
-	                                  ((uintptr_t)&t->scratch & ~keep));
-}
-
-void emm_sfit_insert(struct emm_sfit *t, struct emm_sfit_node *n)
-{
-	unsigned b = emm_sfit_bin(n->size);
-	struct emm_sfit_node *head = t->bins[b];
-
-	n->bin = (uint16_t)b;
-	n->next = head;
-	n->pprev = &t->bins[b];
-	*pprev_of(t, head) = &n->next;
-	t->bins[b] = n;
-	t->sl_map[b / SFIT_SL] |= (uint8_t)(1u << (b % SFIT_SL));
-	t->fl_map |= 1ull << (b / SFIT_SL);
-	n->linked = true;
-	t->count++;
-}
-
-void emm_sfit_remove(struct emm_sfit *t, struct emm_sfit_node *n)
-{
-	unsigned b = n->bin, f = b / SFIT_SL;
-	struct emm_sfit_node *next = n->next;
-
-	*n->pprev = next;
-	*pprev_of(t, next) = n->pprev;
-	/* The bin's bit off if it emptied, and the power's if that was its
-	 * last bin: computed, not branched on. */
-	t->sl_map[f] &= (uint8_t)~((unsigned)(t->bins[b] == NULL) << (b % SFIT_SL));
-	t->fl_map &= ~((uint64_t)(t->sl_map[f] == 0) << f);
-	n->next = NULL;
-	n->pprev = NULL;
-	n->linked = false;
-	t->count--;
 }
 
 /* The smallest node >= size in bin b (lowest address among equals), looking

@@ -44,10 +44,6 @@ struct emm_sfit {
 	uint8_t sl_map[64];       /* bit s of sl_map[f]: bin f * SFIT_SL + s is non-empty */
 	struct emm_sfit_node *bins[SFIT_BINS];
 	size_t count;
-	/* Written in place of the next node's pprev when there is none, so
-	 * that linking and unlinking take no branch on it (the lists' ends
-	 * depend on the sizes freed: a branch there mispredicts). */
-	struct emm_sfit_node **scratch;
 };
 
 void emm_sfit_init(struct emm_sfit *t);
@@ -68,9 +64,41 @@ static inline unsigned emm_sfit_bin(uint64_t size)
 }
 
 /* Link n (size and addr set). */
-void emm_sfit_insert(struct emm_sfit *t, struct emm_sfit_node *n);
+static inline void emm_sfit_insert(struct emm_sfit *t, struct emm_sfit_node *n)
+{
+	unsigned b = emm_sfit_bin(n->size);
+	struct emm_sfit_node *head = t->bins[b];
+
+	n->bin = (uint16_t)b;
+	n->next = head;
+	n->pprev = &t->bins[b];
+	if (head)
+		head->pprev = &n->next;
+	t->bins[b] = n;
+	t->sl_map[b / SFIT_SL] |= (uint8_t)(1u << (b % SFIT_SL));
+	t->fl_map |= 1ull << (b / SFIT_SL);
+	n->linked = true;
+	t->count++;
+}
+
 /* Unlink a linked node. */
-void emm_sfit_remove(struct emm_sfit *t, struct emm_sfit_node *n);
+static inline void emm_sfit_remove(struct emm_sfit *t, struct emm_sfit_node *n)
+{
+	unsigned b = n->bin, f = b / SFIT_SL;
+	struct emm_sfit_node *next = n->next;
+
+	*n->pprev = next;
+	if (next)
+		next->pprev = n->pprev;
+	/* The bin's bit off if it emptied, and the power's if that was its
+	 * last bin: computed, not branched on. */
+	t->sl_map[f] &= (uint8_t)~((unsigned)(t->bins[b] == NULL) << (b % SFIT_SL));
+	t->fl_map &= ~((uint64_t)(t->sl_map[f] == 0) << f);
+	n->next = NULL;
+	n->pprev = NULL;
+	n->linked = false;
+	t->count--;
+}
 
 /* A linked node's block grew or moved (a merge kept its node): relinked
  * only if its bin changed. */
