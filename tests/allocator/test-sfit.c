@@ -239,6 +239,21 @@ TEST_BEGIN(test_check_detects)
 	expect_int_eq(emm_sfit_check(&t, NULL), -1);
 	t.fl_map &= ~(1ull << 40);
 	expect_int_eq(emm_sfit_check(&t, NULL), 0);
+	/* A node's back link (pprev) that does not point at what points at
+	 * it: a second node of items[2]'s bin, its back link bent. */
+	struct item twin;
+	memset(&twin, 0, sizeof(twin));
+	twin.node.size = items[2].node.size;
+	twin.node.addr = (uint64_t)9 << 20;
+	emm_sfit_insert(&t, &twin.node);
+	expect_int_eq(emm_sfit_check(&t, NULL), 0);
+	struct emm_sfit_node **saved = items[2].node.pprev;
+	items[2].node.pprev = &items[5].node.next;
+	expect_int_eq(emm_sfit_check(&t, &why), -1);
+	expect_str_eq(why, "broken list link");
+	items[2].node.pprev = saved;
+	emm_sfit_remove(&t, &twin.node);
+	expect_int_eq(emm_sfit_check(&t, NULL), 0);
 }
 TEST_END
 
