@@ -16,8 +16,9 @@
  * --working-set runs only the working-set table: each thread keeps 64 live
  * blocks of random sizes (256 B - 8 MiB, log-uniform: tests/gpu/bench-threads'
  * loop) and replaces one per iteration (--iters, default 301 000 pairs a
- * thread; 31 000 with --quick; slots and sizes drawn before the timing), on 1..16 threads sharing one heap,
- * with the fence work per pair from the heap's counters; --min-threads
+ * thread; 31 000 with --quick; slots and sizes drawn before the timing),
+ * on 1..16 threads sharing one heap, with the fence work per pair from the
+ * heap's counters; --min-threads
  * starts the doubling at N (a profile of one thread count), and --private
  * gives each thread its own heap there too.
  * --arenas N sets the heap's arena count (default: one per CPU, as libemm).
@@ -275,6 +276,24 @@ static size_t ws_size(uint64_t *rng)
 	return (size_t)(256.0 * pow(32768.0, u));
 }
 
+/* One iteration: the slot in the top bits, the size (under 2^23) below. */
+static uint32_t ws_draw(uint64_t *rng)
+{
+	unsigned k = (unsigned)(*rng % WS_LIVE);
+
+	return (uint32_t)k << WS_SLOT_SHIFT | (uint32_t)ws_size(rng);
+}
+
+/* Free the iteration's slot and allocate its new size there: 0, or 1 on an
+ * error. */
+static inline int ws_step(emm_heap_t *heap, emm_addr_t *live, uint32_t e)
+{
+	unsigned k = e >> WS_SLOT_SHIFT;
+
+	return emm_heap_free(live[k], EMM_STREAM_SYNC, NULL) ||
+	       emm_heap_alloc(heap, e & ((1u << WS_SLOT_SHIFT) - 1), EMM_STREAM_SYNC, &live[k]);
+}
+
 struct ws_job {
 	emm_heap_t *heap;
 	unsigned id, iters;
@@ -292,30 +311,22 @@ static void *ws_loop(void *arg)
 	for (unsigned i = 0; i < WS_LIVE; i++)
 		if (emm_heap_alloc(j->heap, ws_size(&rng), EMM_STREAM_SYNC, &live[i]))
 			j->err = 1;
-	for (unsigned i = 0; i < WS_LIVE * 4 && !j->err; i++) {
-		unsigned k = (unsigned)(rng % WS_LIVE);
-		if (emm_heap_free(live[k], EMM_STREAM_SYNC, NULL) ||
-		    emm_heap_alloc(j->heap, ws_size(&rng), EMM_STREAM_SYNC, &live[k]))
+	for (unsigned i = 0; i < WS_LIVE * 4 && !j->err; i++)
+		if (ws_step(j->heap, live, ws_draw(&rng)))
 			j->err = 1;
-	}
 	/* The timed pairs' slots and sizes, drawn before the start (the slot
 	 * in the top 6 bits, the size below 2^23): the pair is timed, not
 	 * pow() (about 130 instructions, a fifth of the pair before). */
 	uint32_t *plan = malloc((size_t)j->iters * sizeof(*plan) + 1);
 	if (!plan)
 		j->err = 1;
-	for (unsigned i = 0; plan && i < j->iters; i++) {
-		unsigned k = (unsigned)(rng % WS_LIVE);
-		plan[i] = (uint32_t)k << WS_SLOT_SHIFT | (uint32_t)ws_size(&rng);
-	}
+	for (unsigned i = 0; plan && i < j->iters; i++)
+		plan[i] = ws_draw(&rng);
 	pthread_barrier_wait(j->barrier);
 	uint64_t t0 = now_ns();
-	for (unsigned i = 0; i < j->iters && !j->err; i++) {
-		unsigned k = plan[i] >> WS_SLOT_SHIFT;
-		if (emm_heap_free(live[k], EMM_STREAM_SYNC, NULL) ||
-		    emm_heap_alloc(j->heap, plan[i] & ((1u << WS_SLOT_SHIFT) - 1), EMM_STREAM_SYNC, &live[k]))
+	for (unsigned i = 0; i < j->iters && !j->err; i++)
+		if (ws_step(j->heap, live, plan[i]))
 			j->err = 1;
-	}
 	j->ns = now_ns() - t0;
 	free(plan);
 	for (unsigned i = 0; i < WS_LIVE; i++)

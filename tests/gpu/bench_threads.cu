@@ -91,11 +91,14 @@ static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_r
 	auto release = [&](void *p) { return async ? cudaFreeAsync(p, s) == cudaSuccess : cudaFree(p) == cudaSuccess; };
 	for (int i = 0; i < LIVE; i++)
 		ok &= alloc(&live[i], random_size(rng));
+	/* Free an iteration's slot, allocate its new size there. */
+	auto step = [&](uint32_t e) {
+		uint32_t k = e >> SLOT_SHIFT;
+		return release(live[k]) && alloc(&live[k], e & ((1u << SLOT_SHIFT) - 1));
+	};
 	/* Warm-up, untimed. */
-	for (int i = 0; i < warmup && ok; i++) {
-		int k = (int)(rng() % LIVE);
-		ok &= release(live[k]) && alloc(&live[k], random_size(rng));
-	}
+	for (int i = 0; i < warmup && ok; i++)
+		ok &= step(draw(rng));
 	std::vector<uint32_t> plan;
 	if (!inline_rng) {
 		plan.resize((size_t)iters);
@@ -106,11 +109,8 @@ static void worker(int id, bool async, int iters, std::atomic<int> *go, worker_r
 	while (go->load() >= 0 && go->load() < 1000)
 		std::this_thread::yield();
 	long long t0 = now_ns();
-	for (int i = 0; i < iters && ok; i++) {
-		uint32_t step = inline_rng ? draw(rng) : plan[(size_t)i];
-		uint32_t k = step >> SLOT_SHIFT;
-		ok &= release(live[k]) && alloc(&live[k], step & ((1u << SLOT_SHIFT) - 1));
-	}
+	for (int i = 0; i < iters && ok; i++)
+		ok &= step(inline_rng ? draw(rng) : plan[(size_t)i]);
 	long long t1 = now_ns();
 	for (int i = 0; i < LIVE; i++)
 		release(live[i]);
