@@ -13,6 +13,9 @@
  *   cuEventQuery  (completed event), (just recorded)
  *   cuEventCreate + cuEventDestroy (DISABLE_TIMING)
  *   record + query at once (an epoch closed and polled on the fast path)
+ *   cuEventRecord (legacy stream) after 256 KiB and 2 MiB of host memory
+ *   were written, untimed (a record inside a program's loop finds the
+ *   driver's code and data less warm than one record after another)
  *
  * Run without libemm (nothing here allocates). Exit 77 without a GPU.
  *
@@ -51,15 +54,29 @@ static void report(const char *what, std::vector<double> &t)
 		}                                                               \
 	} while (0)
 
-/* Time call(i) alone for each i of t, then report it as `what`. */
-template <typename F> static void timed(const char *what, std::vector<double> &t, F call)
+/* Time call(i) alone for each i of t, after an untimed prep(i), then
+ * report it as `what`. */
+template <typename P, typename F> static void timed_after(const char *what, std::vector<double> &t, P prep, F call)
 {
 	for (size_t i = 0; i < t.size(); i++) {
+		prep((int)i);
 		double a = now_us();
 		call((int)i);
 		t[i] = now_us() - a;
 	}
 	report(what, t);
+}
+
+template <typename F> static void timed(const char *what, std::vector<double> &t, F call)
+{
+	timed_after(what, t, [](int) {}, call);
+}
+
+/* Write one byte in every 64 of the first `bytes` of buf (untimed). */
+static void touch(std::vector<char> &buf, size_t bytes)
+{
+	for (size_t i = 0; i < bytes && i < buf.size(); i += 64)
+		((volatile char *)buf.data())[i]++;
 }
 
 int main(int argc, char **argv)
@@ -113,6 +130,14 @@ int main(int argc, char **argv)
 		CK(cuEventRecord(ev[i], CU_STREAM_LEGACY));
 		CK(cuEventSynchronize(ev[i]));
 	});
+	std::vector<char> host(2 << 20);
+	CK(cuCtxSynchronize());
+	timed_after("cuEventRecord, legacy stream, after 256 KiB written", t, [&](int) { touch(host, 256 << 10); },
+	            [&](int i) { CK(cuEventRecord(ev[i], CU_STREAM_LEGACY)); });
+	CK(cuCtxSynchronize());
+	timed_after("cuEventRecord, legacy stream, after 2 MiB written", t, [&](int) { touch(host, 2 << 20); },
+	            [&](int i) { CK(cuEventRecord(ev[i], CU_STREAM_LEGACY)); });
+	CK(cuCtxSynchronize());
 	timed("cuEventCreate + cuEventDestroy", t, [&](int) {
 		CUevent e;
 		CK(cuEventCreate(&e, CU_EVENT_DISABLE_TIMING));
