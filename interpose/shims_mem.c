@@ -192,7 +192,11 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 	if (!emm_state_enabled())
 		return real(dptr, hStream);
 	if (dptr && emm_state_stream_capturing(hStream, ptsz)) {
-		if (emm_serve_find_block(dptr, &range) != 0) {
+		/* Only a pointer outside our segments is the driver's: a double
+		 * or interior free of ours (-ENXIO) is refused below, as outside
+		 * a capture; the driver would free the segment under it. */
+		int fr = emm_serve_find_block(dptr, &range);
+		if (fr == -ENOENT) {
 			emm_serve_foreign_free_begin(dptr, caller, &ff);
 			r = real(dptr, hStream);
 			return passed_free(r, dptr, hStream, EMM_COUNT_PASS_FREE, &ff);
@@ -200,9 +204,10 @@ static CUresult free_async(free_async_fn real, CUdeviceptr dptr, CUstream hStrea
 		/* One of our blocks freed inside a capture: the driver cannot
 		 * make a graph node of it. The graph quarantine keeps it until
 		 * the graph is gone (as for a synchronous free during capture). */
-		emm_debug("cuMemFreeAsync(%#llx) of a libemm block on a capturing stream: quarantined "
-		          "while the captured graph lives",
-		          (unsigned long long)dptr);
+		if (fr == 0)
+			emm_debug("cuMemFreeAsync(%#llx) of a libemm block on a capturing stream: quarantined "
+			          "while the captured graph lives",
+			          (unsigned long long)dptr);
 		if (pool_free("cuMemFreeAsync", dptr, EMM_STREAM_SYNC, hStream, false, &r))
 			return r;
 		return passed_free(real(dptr, hStream), dptr, hStream, EMM_COUNT_PASS_FREE, NULL);

@@ -622,6 +622,44 @@ TEST_BEGIN(test_oom_and_retry)
 }
 TEST_END
 
+/* A double or interior free of ours on a capturing stream is refused as
+ * outside a capture: never passed to the driver (which would free the
+ * segment under the block's live neighbours), the capture left valid. */
+TEST_BEGIN(test_capture_bad_frees)
+{
+	CUstream s;
+	CUdeviceptr a, b;
+	CUgraph graph = NULL;
+	struct emm_stats st0, st1;
+	struct fakecuda_stats f0, f1;
+
+	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&a, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&b, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	assert_int_eq(shims_stats(-1, &st0), 0);
+	f0 = fake_stats();
+	assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+	expect_int_eq(cuMemFreeAsync(a, s), CUDA_ERROR_INVALID_VALUE);     /* double */
+	expect_int_eq(cuMemFreeAsync(b + 512, s), CUDA_ERROR_INVALID_VALUE); /* interior */
+	f1 = fake_stats();
+	expect_int_eq(f1.device_frees - f0.device_frees, 0);
+	expect_int_eq(f1.capture_violations - f0.capture_violations, 0);
+	assert_int_eq(cuStreamEndCapture(s, &graph), CUDA_SUCCESS);
+	f1 = fake_stats();
+	expect_int_eq(f1.captures_invalidated - f0.captures_invalidated, 0);
+	assert_int_eq(shims_stats(-1, &st1), 0);
+	expect_int_eq(st1.bad_frees - st0.bad_frees, 2);
+	expect_int_eq(st1.passthrough_frees - st0.passthrough_frees, 0);
+	if (graph)
+		assert_int_eq(cuGraphDestroy(graph), CUDA_SUCCESS);
+	/* b is whole: it is still ours and frees once. */
+	expect_int_eq(cuMemsetD8(b, 7, 4096), CUDA_SUCCESS);
+	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
+	assert_int_eq(cuStreamDestroy(s), CUDA_SUCCESS);
+}
+TEST_END
+
 TEST_BEGIN(test_bad_frees_counted)
 {
 	CUdeviceptr d;
@@ -964,6 +1002,6 @@ int main(int argc, char **argv)
 	    test_fence_without_nonblocking_streams_reuses_at_once, test_failed_stream_destroy_keeps_stream,
 	    test_new_nonblocking_stream_waits_on_last_fence, test_steady_state_costs, test_capture,
 	    test_meminfo_counts_idle_cache, test_release_idle, test_ipc_handles_of_blocks,
-	    test_oom_and_retry, test_bad_frees_counted, test_threads, test_fork_child_starts_empty,
+	    test_oom_and_retry, test_capture_bad_frees, test_bad_frees_counted, test_threads, test_fork_child_starts_empty,
 	    test_trace_file, test_context_teardown, test_teardown_wait_is_bounded, NULL);
 }
