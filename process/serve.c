@@ -152,8 +152,10 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 	st_enter();
 	/* Before the heap may hand it out again; the fill while the block is
 	 * still a region a memory checker knows (st_free_block removes
-	 * the region). */
-	st_poison_block(addr, key);
+	 * the region). Only device blocks are filled, so not at a pinned
+	 * free: one of a device block is refused below, untouched. */
+	if (!pinned)
+		st_poison_block(addr, key);
 	r = st_free_block(addr, key, pinned, &requested);
 	st_leave();
 	if (r == 0) {

@@ -7,7 +7,8 @@
  *        one cuMemsetD8Async on the legacy stream, a block freed by
  *        cuMemFreeAsync on its stream, over the whole (rounded) block; the
  *        next owner of the memory sees the byte; pinned blocks are left
- *        alone; a bad free fills nothing.
+ *        alone; a bad free (a pinned free of a device block too) fills
+ *        nothing.
  *   off  (unset) - no fill, no cuMemsetD8Async.
  * Failure is exit status 1 with a message.
  */
@@ -66,6 +67,12 @@ int main(int argc, char **argv)
 	sets = fakecuda_calls("cuMemsetD8Async");
 	CHECK(cuMemFree(c + 16) != CUDA_SUCCESS);
 	CHECK(fakecuda_calls("cuMemsetD8Async") == sets);
+	/* So does a pinned free of a device block (refused): the live block
+	 * keeps its bytes. */
+	CHECK(cuMemsetD8(c, 1, 1000) == CUDA_SUCCESS);
+	CHECK(cuMemFreeHost((void *)(uintptr_t)c) != CUDA_SUCCESS);
+	CHECK(fakecuda_calls("cuMemsetD8Async") == sets);
+	CHECK(all_bytes(c, 1000, 1));
 	CHECK(cuMemFree(c) == CUDA_SUCCESS);
 
 	/* A stream-ordered free: on its stream (non-blocking: created after
