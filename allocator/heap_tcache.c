@@ -244,7 +244,7 @@ void emm_tcache_pressure_locked(struct arena *h, size_t rounded)
 {
 	struct tcache *tc = emm_tc_tls;
 
-	if (!tc_bound(tc, h->owner) || tc->arena != h)
+	if (!tc_owned(tc, h->owner) || tc->arena != h)
 		return;
 	if (!tc_pressure_bytes(tc, rounded) &&
 	    (tc->pend_max < rounded || tc->npend < (arena_epoch_blocks(h) + 1) / 2))

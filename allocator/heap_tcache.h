@@ -75,6 +75,16 @@ static inline bool tc_bound(const struct tcache *tc, const struct emm_heap *heap
 	       tc->uid == heap->uid;
 }
 
+/* Is tc bound to `heap` (the same instance), whatever moved the generation
+ * since? For the thread's own flushes, counters and pressure under a lock
+ * of `heap` (OOM retry, release_idle, flush): the caller keeps the heap
+ * alive, and tc_bound would say no after another heap's release_idle or a
+ * flush request and leave the blocks in the cache. */
+static inline bool tc_owned(const struct tcache *tc, const struct emm_heap *heap)
+{
+	return tc && tc->heap == heap && tc->uid == heap->uid;
+}
+
 /* The calling thread's cache, bound to `heap` and arena h; NULL without
  * memory. A changed generation flushes (or forgets) what it holds. */
 struct tcache *emm_tc_get(struct emm_heap *heap, struct arena *h);

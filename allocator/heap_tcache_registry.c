@@ -318,7 +318,7 @@ void emm_tcache_apply_locked(struct arena *h)
 {
 	struct tcache *tc = emm_tc_tls;
 
-	if (tc && tc->arena == h && tc_bound(tc, h->owner))
+	if (tc && tc->arena == h && tc_owned(tc, h->owner))
 		emm_tc_apply_delta(tc);
 }
 
@@ -326,7 +326,7 @@ void emm_tcache_flush_locked(struct arena *h)
 {
 	struct tcache *tc = emm_tc_tls;
 
-	if (tc_bound(tc, h->owner) && tc->arena == h)
+	if (tc_owned(tc, h->owner) && tc->arena == h)
 		flush_locked(tc);
 }
 
@@ -334,7 +334,7 @@ void emm_tcache_sync(struct emm_heap *heap)
 {
 	struct tcache *tc = emm_tc_tls;
 
-	if (!heap->tcache || !tc_bound(tc, heap))
+	if (!heap->tcache || !tc_owned(tc, heap))
 		return;
 	arena_lock(tc->arena);
 	flush_locked(tc);

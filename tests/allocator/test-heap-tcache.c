@@ -426,6 +426,34 @@ TEST_BEGIN(test_release_idle_flushes_the_cache)
 }
 TEST_END
 
+/* release_idle of another heap with a cache (emm_release_idle visits every
+ * heap in turn) moves the flush generation; this thread's own cache, still
+ * bound to h, is flushed at h's release_idle all the same. */
+TEST_BEGIN(test_release_idle_after_another_heaps)
+{
+	struct emm_heap_params p;
+	struct fake_src src0;
+	emm_heap_t *h0 = NULL, *h = setup(false, SIZE_MAX, EMM_FREE_MODE_FENCE);
+	assert_ptr_not_null(h);
+
+	emm_heap_params_default(&p);
+	p.arenas = 1;
+	p.thread_cache = true;
+	fake_src_init(&src0, SIZE_MAX);
+	struct emm_segment_source s0 = fake_src_ops(&src0);
+	assert_int_eq(emm_heap_create(&p, &s0, NULL, 0, &h0), 0);
+
+	emm_addr_t a = xalloc(h, 512 * KIB, 0);
+	xfree(a, 0); /* in this thread's cache */
+	expect_int_eq(emm_heap_release_idle(h0, 0), 0);
+	expect_int_eq(emm_heap_release_idle(h, 0), 2 * MIB);
+	expect_u64_eq(heap_stats(h).reserved_bytes, 0);
+	emm_heap_destroy(h0, true);
+	fake_src_fini(&src0);
+	teardown(h);
+}
+TEST_END
+
 static void *thread_pairs(void *arg)
 {
 	emm_heap_t *h = arg;
@@ -517,7 +545,7 @@ int main(void)
 	                    test_pressure_closes_the_thread_epoch, test_miss_beside_full_bins_keeps_the_epoch,
 	                    test_peak_of_blocks_freed_by_another_thread,
 	                    test_pressure_refills_the_cache, test_capture_keeps_the_epoch_open,
-	                    test_double_free_of_a_cached_block,
+	                    test_double_free_of_a_cached_block, test_release_idle_after_another_heaps,
 	                    test_stream_mode_reuses_at_once, test_release_idle_flushes_the_cache,
 	                    test_thread_exit_flushes, test_oom_retry_flushes_the_cache,
 	                    test_destroy_forgets_the_cache, NULL);
