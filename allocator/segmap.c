@@ -208,7 +208,8 @@ static int reserve_one_more(void)
 	__atomic_store_n(&array, grown, __ATOMIC_RELEASE);
 	if (old) {
 		/* A reader may still be searching it (top of file). */
-		old->entries[0].value = retired;
+		/* Atomic: a reader's bisection may load this very field. */
+		__atomic_store_n(&old->entries[0].value, retired, __ATOMIC_RELAXED);
 		retired = old;
 	}
 	return 0;
