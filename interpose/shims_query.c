@@ -65,28 +65,31 @@ static int block_range(CUdeviceptr addr, CUdeviceptr *ret_base, size_t *ret_size
 
 EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
-	CUresult r = CALL_REAL(cuMemGetAddressRange_v2, pbase, psize, dptr);
-	CUdeviceptr base;
-	size_t size;
+	CUdeviceptr base, seg_base = 0;
+	size_t size, seg_size = 0;
 	int found;
 
-	/* The driver validated the pointer (it lies in our segment); describe
-	 * the block the program was given, as the driver does an allocation
-	 * (its base and the size asked for). */
-	if (r != CUDA_SUCCESS || !emm_state_enabled())
+	if (!emm_state_enabled())
+		return CALL_REAL(cuMemGetAddressRange_v2, pbase, psize, dptr);
+	/* The driver validates the pointer (in our segment, it answers for
+	 * the segment); the program is told of the block it was given, as the
+	 * driver tells of an allocation (its base and the size asked for),
+	 * and of nothing at a failure: the outputs are written last. */
+	CUresult r = CALL_REAL(cuMemGetAddressRange_v2, pbase ? &seg_base : NULL, psize ? &seg_size : NULL, dptr);
+	if (r != CUDA_SUCCESS)
 		return r;
 	found = block_range(dptr, &base, &size);
-	if (found == 0) {
-		if (pbase)
-			*pbase = base;
-		if (psize)
-			*psize = size;
-	} else if (found == -ENXIO) {
-		if (psize)
-			*psize = 0;
-		r = CUDA_ERROR_NOT_FOUND; /* the driver's answer past an allocation's end */
+	if (found == -ENXIO)
+		return CUDA_ERROR_NOT_FOUND; /* the driver's answer past an allocation's end */
+	if (found != 0) {
+		base = seg_base; /* not ours: the driver's answer */
+		size = seg_size;
 	}
-	return r;
+	if (pbase)
+		*pbase = base;
+	if (psize)
+		*psize = size;
+	return CUDA_SUCCESS;
 }
 
 /* Rewrite the range attributes the driver reported for the segment, and
@@ -129,11 +132,26 @@ EMM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
                                                    CUpointer_attribute *attributes, void **data,
                                                    CUdeviceptr ptr)
 {
-	CUresult r = CALL_REAL(cuPointerGetAttributes, numAttributes, attributes, data, ptr);
 	CUdeviceptr base;
 	size_t size;
+	CUresult r;
 
-	if (r == CUDA_SUCCESS && attributes && data && emm_state_enabled() && block_range(ptr, &base, &size) == 0)
+	if (!attributes || !data || !emm_state_enabled())
+		return CALL_REAL(cuPointerGetAttributes, numAttributes, attributes, data, ptr);
+	int found = block_range(ptr, &base, &size);
+	if (found == -ENXIO) {
+		/* Memory nobody holds: the driver's answer for a pointer that is
+		 * not CUDA memory (success, the defaults, the range attributes
+		 * left alone), as the pointer 0 gets it, but for the host
+		 * pointer, which such memory has at its own address. */
+		r = CALL_REAL(cuPointerGetAttributes, numAttributes, attributes, data, (CUdeviceptr)0);
+		for (unsigned int i = 0; r == CUDA_SUCCESS && i < numAttributes; i++)
+			if (attributes[i] == CU_POINTER_ATTRIBUTE_HOST_POINTER && data[i])
+				memcpy(data[i], &(void *){(void *)(uintptr_t)ptr}, sizeof(void *));
+		return r;
+	}
+	r = CALL_REAL(cuPointerGetAttributes, numAttributes, attributes, data, ptr);
+	if (r == CUDA_SUCCESS && found == 0)
 		for (unsigned int i = 0; i < numAttributes; i++)
 			fix_range_attribute(attributes[i], data[i], ptr, base, size);
 	return r;

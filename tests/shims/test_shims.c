@@ -169,7 +169,14 @@ TEST_BEGIN(test_address_range_of_blocks)
 	expect_int_eq(size, 5000);
 	expect_int_eq(cuMemGetAddressRange(&base, NULL, a + 1), CUDA_SUCCESS);
 	expect_u64_eq(base, a);
+	/* A freed block (its segment lives on): not found, the outputs left
+	 * as they were. */
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	base = 0xdead;
+	size = 0xbeef;
+	expect_int_eq(cuMemGetAddressRange(&base, &size, a), CUDA_ERROR_NOT_FOUND);
+	expect_u64_eq(base, 0xdead);
+	expect_u64_eq(size, 0xbeef);
 	assert_int_eq(cuMemFree(b), CUDA_SUCCESS);
 }
 TEST_END
@@ -199,7 +206,27 @@ TEST_BEGIN(test_pointer_attributes)
 	expect_u64_eq(start, a);
 	expect_int_eq(size, 3000);
 	expect_int_eq(type, CU_MEMORYTYPE_DEVICE);
+	/* A freed block (its segment lives on): as for a pointer that is not
+	 * CUDA memory, success with the defaults and the range left alone
+	 * (probe-driver.c: the real driver's answer); the single-attribute
+	 * call refuses it. */
+	CUdeviceptr keep;
+	assert_int_eq(cuMemAlloc(&keep, 3000), CUDA_SUCCESS);
 	assert_int_eq(cuMemFree(a), CUDA_SUCCESS);
+	start = 1;
+	size = 1;
+	type = 1;
+	expect_int_eq(cuPointerGetAttributes(3, attrs, data, a), CUDA_SUCCESS);
+	expect_u64_eq(start, 1);
+	expect_int_eq(size, 1);
+	expect_int_eq(type, 0);
+	void *host = NULL;
+	CUpointer_attribute hattr = CU_POINTER_ATTRIBUTE_HOST_POINTER;
+	void *hdata[1] = {&host};
+	expect_int_eq(cuPointerGetAttributes(1, &hattr, hdata, a + 8), CUDA_SUCCESS);
+	expect_u64_eq((uintptr_t)host, a + 8);
+	expect_int_eq(cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, a), CUDA_ERROR_INVALID_VALUE);
+	assert_int_eq(cuMemFree(keep), CUDA_SUCCESS);
 }
 TEST_END
 
