@@ -259,6 +259,20 @@ void emm_heap_stream_created(emm_heap_t *heap, emm_stream_t stream, bool nonbloc
  * stream's by the next epoch close, a non-blocking stream's by the device
  * synchronize emm_heap_flush does once no capture forbids it. */
 void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream);
+/* Work the heap's freed blocks may still be used by, on a stream no epoch
+ * of the heap records on (a non-blocking stream about to be destroyed,
+ * another context's stream a block was freed on), was made the work of
+ * `carrier`: a non-blocking stream of the heap's context that the program
+ * never sees, made to wait for it on the GPU. The carrier joins the heap's
+ * non-blocking streams, so every epoch closed from now on records on it (or
+ * finds it idle, that work done), until a close finds it idle and drops it
+ * (call it before the stream it carries leaves: emm_heap_stream_destroyed). */
+void emm_heap_carrier_joined(emm_heap_t *heap, emm_stream_t carrier);
+/* Such work could not be carried (no carrier, a capture forbade the marker
+ * or the wait): every epoch closed from now on parks its blocks, out of
+ * every allocation's reach, until a device-wide synchronize
+ * (emm_heap_flush, the OOM retry) proves all work before it finished. */
+void emm_heap_order_lost(emm_heap_t *heap);
 
 /* Close the open epoch now, synchronize the device for orphans of destroyed
  * non-blocking streams (a host wait; see emm_heap_stream_destroyed), and

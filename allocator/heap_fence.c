@@ -198,6 +198,16 @@ bool emm_heap_is_nonblocking(const struct arena *h, emm_stream_t s)
 	return false;
 }
 
+void emm_heap_nb_remove(struct arena *h, emm_stream_t s)
+{
+	for (unsigned j = 0; j < h->nb_count; j++) {
+		if (h->nb[j] == s) {
+			h->nb[j] = h->nb[--h->nb_count];
+			return;
+		}
+	}
+}
+
 /* The stream an event must be recorded on to order work of stream key s:
  * the legacy stream is a barrier for blocking and per-thread streams. */
 emm_stream_t emm_heap_fence_target(const struct arena *h, emm_stream_t s)
@@ -222,6 +232,7 @@ static void set_last_fence(struct arena *h, uint64_t ev, struct emm_fence *owner
 	}
 	h->last_fence = ev;
 	h->has_last_fence = true;
+	h->lf_gen++;
 	h->lf_done = false;
 	h->last_fence_owner = owner;
 	if (owner)
@@ -312,7 +323,7 @@ int emm_heap_close_blocks(struct arena *h, struct emm_block *list, struct emm_bl
 static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct emm_block **ret_ready)
 {
 	struct emm_fence *next_open = NULL;
-	unsigned n, m, gen, phase, i;
+	unsigned n, m, gen, lfg, phase, i;
 	int r = 0;
 
 	if (ep->nblocks == 0 && h->orphans[0]->nblocks == 0)
@@ -322,6 +333,19 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 			return -EINVAL;
 		h->st.epochs_closed++;
 		fence_release_blocks(h, ep);
+		return 0;
+	}
+	if (EMM_UNLIKELY(h->order_lost)) {
+		/* Some stream's work was not carried (emm_heap_order_lost): no
+		 * event proves it done. The blocks join the orphans, which a
+		 * device synchronize resolves: here, once, as the real cuMemFree
+		 * would wait, unless a capture forbids it (then at its end). */
+		emm_heap_fence_move(h, h->orphans[0], h->orphans[1]);
+		emm_heap_fence_move(h, ep, h->orphans[1]);
+		if (own)
+			fence_put(h, ep);
+		if (!f_capturing(h, EMM_STREAM_SYNC))
+			(void)emm_heap_resolve_orphans(h);
 		return 0;
 	}
 	if (f_capturing(h, EMM_STREAM_SYNC))
@@ -346,6 +370,10 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 		ep->targets[1 + i] = h->nb[i];
 	emm_heap_fence_move(h, h->orphans[0], ep);
 	gen = h->nb_gen;
+	lfg = h->lf_gen;
+	emm_stream_t carrier = h->carrier;
+	unsigned cgen = h->carrier_gen;
+	bool carrier_idle = false;
 	if (!own) {
 		emm_heap_fence_reset(next_open);
 		h->open = next_open;
@@ -360,6 +388,7 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 	unsigned nidle = 0;
 	for (i = 0; i < n && !r; i++) {
 		if (i > 0 && fop_stream_idle(h, ep->targets[i]) == 0) {
+			carrier_idle |= ep->targets[i] == carrier;
 			ep->targets[1 + nidle++] = ep->targets[i]; /* i >= 1 + nidle */
 			continue;
 		}
@@ -379,6 +408,10 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 	arena_lock(h);
 	busy_del(h, ep);
 	emm_heap_inflight_leave(h, phase);
+	/* The carrier idle: the work it waited for is done, and it joined
+	 * no more since (carrier_gen): it leaves until it carries again. */
+	if (carrier_idle && cgen == h->carrier_gen)
+		emm_heap_nb_remove(h, carrier);
 	if (r) {
 		if (own)
 			return r; /* the caller moves the blocks */
@@ -392,7 +425,13 @@ static int close_fence(struct arena *h, struct emm_fence *ep, bool own, struct e
 	h->st.events_recorded += m;
 	h->st.stream_waits += nwaits;
 	h->st.epochs_closed++;
-	bool can_last = can_set_last_fence(h);
+	/* Another close that published meanwhile recorded its legacy event
+	 * with the lock dropped too: which of the two the legacy stream runs
+	 * later is unknown. Its event stays the last fence (it orders its own
+	 * fast-path blocks), and this one takes the slow way, its blocks
+	 * waiting for their own events: replacing it could hand a new
+	 * non-blocking stream (nb_add) or the page give-back the older one. */
+	bool can_last = can_set_last_fence(h) && lfg == h->lf_gen;
 	if (waited && !h->p.host_accessible && gen == h->nb_gen && can_last) {
 		/* Fast path: the legacy event orders every later use on blocking
 		 * and per-thread streams, the live non-blocking streams (all
@@ -522,9 +561,10 @@ int emm_heap_fence_key(struct arena *h, emm_stream_t key, emm_stream_t target, s
 int emm_heap_resolve_orphans(struct arena *h)
 {
 	struct emm_fence *f;
+	unsigned lost_gen = h->order_lost_gen;
 	int r;
 
-	if (h->orphans[1]->nblocks == 0)
+	if (h->orphans[1]->nblocks == 0 && !h->order_lost)
 		return 0;
 	if (!h->fops.device_synchronize)
 		return -ENOSYS;
@@ -546,6 +586,10 @@ int emm_heap_resolve_orphans(struct arena *h)
 	} else {
 		h->st.host_waits++;
 		fence_release_blocks(h, f);
+		/* Every work before the synchronize is done: closes may record
+		 * again, unless more was lost meanwhile. */
+		if (lost_gen == h->order_lost_gen)
+			h->order_lost = false;
 	}
 	fence_put(h, f);
 	return r;

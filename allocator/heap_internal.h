@@ -512,6 +512,8 @@ struct emm_fence *emm_heap_fence_new(struct arena *h);
 /* Move every pending block of `from` to fence `to`. */
 void emm_heap_fence_move(struct arena *h, struct emm_fence *from, struct emm_fence *to);
 bool emm_heap_is_nonblocking(const struct arena *h, emm_stream_t s);
+/* s leaves h's non-blocking streams (if it was one). Lock held. */
+void emm_heap_nb_remove(struct arena *h, emm_stream_t s);
 /* Ops that name a stream with the lock dropped: enter/leave around them
  * (lock held at both); quiesce waits for those already started. */
 unsigned emm_heap_inflight_enter(struct arena *h);

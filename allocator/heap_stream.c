@@ -141,10 +141,48 @@ static void nb_add(struct arena *h, emm_stream_t stream)
 		h->lf_users++;
 		arena_unlock_release(h);
 		int r = fop_stream_wait(h, stream, ev);
+		/* The wait could not be made (a driver error): the host waits
+		 * for the event instead, else for the whole device. */
+		int rs = r == 0 ? 0 : h->fops.synchronize ? fop_synchronize(h, ev) : -ENOSYS;
+		if (rs != 0)
+			rs = h->fops.device_synchronize ? fop_device_synchronize(h) : -ENOSYS;
+		if (rs != 0)
+			emm_error("non-blocking stream 0x%llx: neither a wait for the last fence nor a host wait "
+			          "could be made (%d): blocks freed before it was created may still be in use",
+			          (unsigned long long)stream, rs);
 		arena_lock(h);
 		h->lf_users--;
 		if (r == 0)
 			h->st.stream_waits++;
+		else if (rs == 0)
+			h->st.host_waits++;
+	}
+}
+
+void emm_heap_carrier_joined(emm_heap_t *heap, emm_stream_t carrier)
+{
+	if (!heap || carrier == EMM_STREAM_SYNC)
+		return;
+	for (unsigned i = 0; i < heap->narenas; i++) {
+		struct arena *h = heap->arenas[i];
+		arena_lock(h);
+		h->carrier = carrier;
+		h->carrier_gen++; /* an idle carrier seen by a close in flight stays */
+		nb_add(h, carrier);
+		arena_unlock_release(h);
+	}
+}
+
+void emm_heap_order_lost(emm_heap_t *heap)
+{
+	if (!heap)
+		return;
+	for (unsigned i = 0; i < heap->narenas; i++) {
+		struct arena *h = heap->arenas[i];
+		arena_lock(h);
+		h->order_lost = true;
+		h->order_lost_gen++;
+		arena_unlock_release(h);
 	}
 }
 
@@ -180,13 +218,8 @@ void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream)
 		bool was_nb = false;
 
 		arena_lock(h);
-		for (unsigned j = 0; j < h->nb_count; j++) {
-			if (h->nb[j] == stream) {
-				h->nb[j] = h->nb[--h->nb_count];
-				was_nb = true;
-				break;
-			}
-		}
+		was_nb = emm_heap_is_nonblocking(h, stream);
+		emm_heap_nb_remove(h, stream);
 		emm_heap_inflight_quiesce(h);
 		emm_heap_fence_key(h, stream, stream, h->orphans[was_nb ? 1 : 0]);
 		arena_unlock_release(h);

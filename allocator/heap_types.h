@@ -200,11 +200,16 @@ struct arena {
 	emm_stream_t *nb; /* live non-blocking streams */
 	unsigned nb_count, nb_cap;
 	unsigned nb_gen; /* bumped by each non-blocking stream created */
+	emm_stream_t carrier;  /* emm_heap_carrier_joined's stream (0: none yet); in nb while it may be busy */
+	unsigned carrier_gen;  /* bumped each time the carrier joins */
+	bool order_lost;       /* emm_heap_order_lost: closes park their blocks as orphans */
+	unsigned order_lost_gen; /* bumped by each emm_heap_order_lost */
 
 	uint64_t last_fence;
 	bool has_last_fence;
 	struct emm_fence *last_fence_owner; /* pending fence whose events[0] it is */
 	unsigned lf_users;                  /* threads waiting on last_fence, lock dropped: keep it */
+	unsigned lf_gen;                    /* bumped each time last_fence is replaced */
 	bool lf_done; /* last_fence known complete (page give-back synchronized on it) */
 	bool warned_query;
 	size_t pending_limit; /* p.pending_limit, doubled after each wait that timed out */

@@ -195,6 +195,7 @@ static struct ctx_entry *entry_create(CUcontext ctx, unsigned long long ctx_id, 
 		return NULL;
 	e->born = atomic_fetch_add(&st_ctx_births, 1) + 1;
 	e->ctx = ctx;
+	st_note_context(ctx);
 	e->ctx_id = ctx_id;
 	for (unsigned i = 0; i < PINNED_FLAG_SETS; i++) {
 		e->pinned_src[i].entry = e;

@@ -245,6 +245,7 @@ struct ctx_entry {
 	struct emm_fence_pool *pool;
 	struct emm_fence_ops fence;
 	atomic_size_t pitch_align; /* 0 until asked */
+	_Atomic(CUstream) carrier; /* carrier.c: made at the first need, gone with the context */
 };
 
 extern pthread_mutex_t st_ctx_lock;
@@ -491,11 +492,31 @@ void st_pinned_fork_child(void);
 int st_publish_heap(emm_heap_t *heap, CUcontext ctx, void (*publish_locked)(void *arg), void *arg);
 /* Forget every stream of a context. */
 void st_stream_remove_context(CUcontext ctx);
+
 void st_streams_fork_child(void);
 
 /* The keys of the live non-blocking streams of ctx: how many there are
  * (only the first `cap` are written). */
 size_t st_stream_nonblocking_keys(CUcontext ctx, emm_stream_t *keys, size_t cap);
+
+/* --- carrier.c: work no epoch records on, carried into one that does ----- */
+
+/* Carry the work enqueued so far on stream `key` (of context kctx, NULL:
+ * the current one) into `heap` of entry e: e's carrier waits for it and
+ * joins the heap's non-blocking streams; if that cannot be done, the heap
+ * parks what it closes until a device synchronize. */
+void st_carry_into(emm_heap_t *heap, struct ctx_entry *e, emm_stream_t key, CUcontext kctx);
+/* The key a stream-ordered free of our block addr goes by: `key`, or, on a
+ * stream of another context than the block's heap, EMM_STREAM_SYNC after
+ * that stream's work was carried into the heap. */
+emm_stream_t st_free_key(emm_addr_t addr, emm_stream_t key);
+/* Is `key` a stream of another context than the current one? (Such an
+ * allocation is the driver's: it comes from the stream's device.) */
+bool st_stream_foreign(emm_stream_t key);
+/* A context libemm keeps something of (an entry, a registered stream):
+ * from the second one on, the two questions above are asked. */
+void st_note_context(CUcontext ctx);
+void st_carrier_fork_child(void);
 
 /* --- vmm.c, vmm_idle.c: the VMM cache ------------------------------------ */
 

@@ -107,6 +107,9 @@ int emm_serve_device_alloc(size_t size, emm_stream_t key, const void *stream, bo
 		return -EINVAL;
 	st_enter();
 	r = st_current_heap(&heap);
+	/* After: the current context's entry is noted now (carrier.c). */
+	if (r == 0 && EMM_UNLIKELY(st_stream_foreign(key)))
+		r = -EXDEV; /* the driver's: on the stream's device */
 	if (r == 0)
 		r = heap_alloc(heap, false, size, key, stream, report, ret_addr);
 	st_leave();
@@ -149,6 +152,8 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 		return -ENOENT;
 	st_assert_unlocked("a free of a libemm block");
 	tls_failed_size = 0; /* memory may have come back */
+	if (!pinned)
+		key = st_free_key(addr, key); /* another context's stream: as cuMemFree */
 	st_enter();
 	/* Before the heap may hand it out again; the fill while the block is
 	 * still a region a memory checker knows (st_free_block removes

@@ -302,6 +302,7 @@ static void fork_child(void)
 	 * exist here). Locks are re-created. */
 	st_contexts_fork_child();
 	st_streams_fork_child();
+	st_carrier_fork_child();
 	st_pinned_fork_child();
 	emm_capture_fork_child();
 	st_stats_fork_child();

@@ -79,6 +79,7 @@ static void stream_insert(emm_stream_t key, CUcontext ctx, bool nonblocking)
 {
 	struct stream_node *n, **head = &stream_buckets[stream_bucket(key)];
 
+	st_note_context(ctx);
 	st_wrlock(&stream_lock);
 	for (n = *head; n; n = n->next)
 		if (n->key == key)
@@ -341,25 +342,42 @@ static size_t heaps_of_stream(emm_stream_t key, emm_heap_t **heaps)
 	return n;
 }
 
+struct destroying {
+	emm_stream_t key;
+	CUcontext ctx; /* the stream's (NULL: not in the registry) */
+	bool nonblocking;
+};
+
 static void stream_destroyed_in(emm_heap_t *heap, int device, void *arg)
 {
+	const struct destroying *d = arg;
+
 	(void)device;
-	emm_heap_stream_destroyed(heap, *(const emm_stream_t *)arg);
+	/* A non-blocking stream's work runs on after the destroy, and no epoch
+	 * of its context's heaps records on it from now on: carried. */
+	if (d->nonblocking && d->ctx) {
+		struct ctx_entry *e = st_heap_entry(heap);
+		if (e && e->ctx == d->ctx)
+			st_carry_into(heap, e, d->key, d->ctx);
+	}
+	emm_heap_stream_destroyed(heap, d->key);
 }
 
 void emm_state_stream_destroying(CUstream stream)
 {
-	emm_stream_t key = emm_state_stream_key(stream, false);
+	struct destroying d = {emm_state_stream_key(stream, false), NULL, false};
 
-	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(key))
+	if (!st_is_enabled() || !EMM_STREAM_IS_HANDLE(d.key))
 		return;
+	if (stream_lookup(d.key, &d.nonblocking))
+		d.ctx = emm_state_stream_context(d.key);
 	/* While the stream still lives: its ready blocks get a marker recorded
 	 * on it (or wait as orphans), and the heaps stop recording on it. The
 	 * registry keeps it until the destroy succeeds. Every heap, not only
 	 * those of the stream's context: a cuMemFreeAsync of another device's
 	 * block on this stream left that block keyed to it in the owner's heap
 	 * (the walk's shared heap_life lock keeps the heaps alive). */
-	emm_state_for_each_heap(stream_destroyed_in, &key, false);
+	emm_state_for_each_heap(stream_destroyed_in, &d, false);
 }
 
 void emm_state_stream_destroy_failed(CUstream stream)
