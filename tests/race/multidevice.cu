@@ -33,6 +33,11 @@
  *     writes B; the host raises the flag the long kernel waits for; after
  *     the sync the block must be all B (early reuse would leave A).
  *     --race-iterations (200) per size (64 KiB, 4 MiB).
+ *  5. race on another device's stream: the same, but the long kernel runs
+ *     on a non-blocking stream of f and writes o's block through peer
+ *     access, and the thread on f frees it with cudaFreeAsync on that
+ *     stream (process/carrier.c: a stream of another context than the
+ *     block's heap). Skipped without peer access.
  *
  * Usage: multidevice [--allow-no-emm] [--min-window F] [--max-us N]
  *                    [--thread-iterations N] [--race-iterations N] [--blocks N]
@@ -601,13 +606,18 @@ struct race_opts {
 	unsigned long_blocks = 8;
 };
 
-static void race_pair(const race_opts &o, int own, int freer, size_t size, race_result *r)
+/* Part 4 (foreign false): the long kernel on the owner's stream, cudaFree
+ * from the other device. Part 5 (foreign true): the long kernel on the other
+ * device's stream (peer access), cudaFreeAsync on that stream from the other
+ * device: a stream of another context than the block's heap. */
+static void race_pair(const race_opts &o, int own, int freer, size_t size, bool foreign, race_result *r)
 {
 	size_t n = size / 4;
 	CK(cudaSetDevice(own));
-	cudaStream_t X = g_dev[own].s[0], Y = g_dev[own].s[1];
-	const volatile uint32_t *flag = g_ctl_dev[own];
-	volatile uint32_t *win = g_ctl_dev[own] + 1;
+	int kdev = foreign ? freer : own;
+	cudaStream_t X = g_dev[kdev].s[0], Y = g_dev[own].s[1];
+	const volatile uint32_t *flag = g_ctl_dev[kdev];
+	volatile uint32_t *win = g_ctl_dev[kdev] + 1;
 	race_worker w(freer);
 	uint32_t *p = NULL;
 	CK(cudaMalloc((void **)&p, size));
@@ -618,14 +628,19 @@ static void race_pair(const race_opts &o, int own, int freer, size_t size, race_
 		uint32_t want = ++g_want;
 		*ctl_host(1) = 0xFFFFFFFFu;
 		__sync_synchronize();
+		CK(cudaSetDevice(kdev));
 		race_long_writer<<<o.long_blocks, 256, 0, X>>>(p, n, A, flag, want, o.min_ns, o.max_ns, o.tail_ns, win);
 		CK_LAUNCH();
+		CK(cudaSetDevice(own));
 		w.run([&] {
 			int cur = -1;
 			CK(cudaGetDevice(&cur));
 			if (cur != freer)
 				race_fail("the freeing thread's device is %d, want %d", cur, freer);
-			CK(cudaFree(p));
+			if (foreign)
+				CK(cudaFreeAsync(p, X));
+			else
+				CK(cudaFree(p));
 		});
 		uint32_t *q = NULL;
 		CK(cudaMalloc((void **)&q, size)); /* current device: own */
@@ -633,6 +648,11 @@ static void race_pair(const race_opts &o, int own, int freer, size_t size, race_
 		CK_LAUNCH();
 		raise_flag(want);
 		CK(cudaDeviceSynchronize());
+		if (kdev != own) { /* the long kernel's device too */
+			CK(cudaSetDevice(kdev));
+			CK(cudaDeviceSynchronize());
+			CK(cudaSetDevice(own));
+		}
 
 		r->iterations++;
 		if (q == p)
@@ -659,15 +679,35 @@ static void race_pair(const race_opts &o, int own, int freer, size_t size, race_
 	CK(cudaDeviceSynchronize());
 }
 
-static void part_race(const race_opts &o, double min_window)
+static void part_race(const race_opts &o, double min_window, bool foreign)
 {
 	static const size_t sizes[] = {64 * 1024, 4u << 20};
-	printf("--- 4. race: cudaFree from another device while the owner's kernel writes (%u iterations per "
-	       "size and pair, long kernel limit %.0f us) ---\n",
-	       o.iterations, o.max_ns / 1000.0);
+	if (foreign)
+		printf("--- 5. race: a kernel on another device's stream writes the block (peer access), which is "
+		       "freed with cudaFreeAsync on that stream (%u iterations per size and pair) ---\n",
+		       o.iterations);
+	else
+		printf("--- 4. race: cudaFree from another device while the owner's kernel writes (%u iterations per "
+		       "size and pair, long kernel limit %.0f us) ---\n",
+		       o.iterations, o.max_ns / 1000.0);
 	race_result tot;
 	for (int own = 0; own < g_ndev; own++) {
 		int freer = (own + 1) % g_ndev;
+		if (foreign) {
+			int can = 0;
+			CK(cudaDeviceCanAccessPeer(&can, freer, own));
+			if (!can) {
+				emm_partial_skip(&g_part, "race on another device's stream: device %d cannot access "
+				                 "device %d", freer, own);
+				return;
+			}
+			CK(cudaSetDevice(freer));
+			cudaError_t pe = cudaDeviceEnablePeerAccess(own, 0);
+			if (pe == cudaErrorPeerAccessAlreadyEnabled)
+				(void)cudaGetLastError();
+			else
+				CK(pe);
+		}
 		for (int d = 0; d < g_ndev; d++) {
 			CK(cudaSetDevice(d));
 			CK(cudaDeviceSynchronize());
@@ -676,7 +716,7 @@ static void part_race(const race_opts &o, double min_window)
 		race_result pr;
 		for (size_t sz : sizes) {
 			race_result r;
-			race_pair(o, own, freer, sz, &r);
+			race_pair(o, own, freer, sz, foreign, &r);
 			printf("owner device %d, freed from device %d, size %zu: iterations %u, reused-same-address %u, "
 			       "window-open %u, corruptions %u (%llu words)\n",
 			       own, freer, sz, r.iterations, r.reused, r.window_open, r.corruptions, r.bad_words);
@@ -711,7 +751,9 @@ static void part_race(const race_opts &o, double min_window)
 	if (tot.window_open == 0)
 		printf("note: the race window was never open: expected under EMM_FREE_MODE=strict, where the free "
 		       "waits for the owning device\n");
-	if (tot.reused == 0)
+	/* Part 5 looks for a block handed out at once (the libemm before
+	 * 69aec73 did): not handing it out while the kernel runs is the pass. */
+	if (tot.reused == 0 && !foreign)
 		emm_partial_skip(&g_part, "race: no iteration reused the freed block (%u iterations)", tot.iterations);
 	else
 		emm_partial_ran(&g_part);
@@ -808,7 +850,8 @@ int main(int argc, char **argv)
 	part_peer();
 	part_threads(thread_iterations);
 	emm_partial_ran(&g_part);
-	part_race(ro, min_window);
+	part_race(ro, min_window, false);
+	part_race(ro, min_window, true);
 
 	printf("--- counters ---\n");
 	std::vector<struct emm_stats> end = snap_all();

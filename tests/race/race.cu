@@ -39,6 +39,15 @@
  *   --simulate-reuse: no free/alloc at all, q = p: what a broken allocator
  *         would do; with --expect-corruption it proves the check can fail
  *         independently of libemm.
+ *   --destroy-x before|after: X is a new stream each iteration (X must be
+ *         blocking or nonblocking, the free synchronous, Y not "same"),
+ *         destroyed right after the long kernel's launch, before or after
+ *         the free: its work runs on, and the block must still wait for it.
+ *   --reuse-optional: a size at which the freed block never came back
+ *         counts as run, not skipped: where handing it out at once is the
+ *         bug looked for (the libemm before 69aec73 did, at 64 MiB, with
+ *         --destroy-x: every iteration corrupted), not handing it out
+ *         while the kernel runs is the pass.
  *   --min-window F: fail unless the race window was open (the long kernel
  *         saw the flag before its --max-us limit) in at least fraction F of
  *         the iterations; under EMM_FREE_MODE=fence this proves the free and
@@ -184,6 +193,8 @@ struct options {
 	uint64_t min_ns = 20000;
 	uint64_t max_ns = 1000000;
 	uint64_t tail_ns = 200000;
+	int destroy_x = 0; /* 1: X destroyed before the free, 2: after it (a new X each iteration) */
+	bool reuse_optional = false; /* a size whose freed block never came back ran (not skipped) */
 };
 
 struct result {
@@ -283,10 +294,15 @@ static void run_device(const options &o, size_t size, cudaStream_t X, cudaStream
 		*ctl_win_host() = 0xFFFFFFFFu;
 		__sync_synchronize();
 
+		if (o.destroy_x)
+			CK(cudaStreamCreateWithFlags(&X, o.pr.x == SK_NONBLOCKING ? cudaStreamNonBlocking
+			                                                         : cudaStreamDefault));
 		uint64_t t0 = race_now_ns();
 		race_long_writer<<<o.long_blocks, 256, 0, X>>>(p, n, A, ctl_flag_dev(), want, o.min_ns, o.max_ns, o.tail_ns,
 							  ctl_win_dev());
 		CK_LAUNCH();
+		if (o.destroy_x == 1)
+			CK(cudaStreamDestroy(X)); /* the long kernel runs on */
 
 		uint32_t *q = NULL;
 		if (o.simulate) {
@@ -296,6 +312,8 @@ static void run_device(const options &o, size_t size, cudaStream_t X, cudaStream
 		} else {
 			CK(cudaFree(p));
 		}
+		if (o.destroy_x == 2)
+			CK(cudaStreamDestroy(X));
 		auto yside = [&] {
 			if (!o.simulate) {
 				if (o.pr.async)
@@ -398,6 +416,7 @@ static void usage(void)
 	fprintf(stderr, "usage: race --pairing [async:]X-Y|pinned[:X]|async-cross|async-same [--iterations N]\n"
 			"            [--sizes S1,S2] [--expect-corruption] [--simulate-reuse] [--allow-no-emm]\n"
 			"            [--min-window F] [--long-blocks N] [--min-us N] [--max-us N] [--tail-us N]\n"
+			"            [--destroy-x before|after] [--reuse-optional]\n"
 			"  X, Y: legacy | blocking | nonblocking | ptds   (Y may also be 'same')\n");
 	exit(2);
 }
@@ -428,7 +447,13 @@ int main(int argc, char **argv)
 		else if (a == "--min-us") o.min_ns = race_parse_size(next()) * 1000;
 		else if (a == "--max-us") o.max_ns = race_parse_size(next()) * 1000;
 		else if (a == "--tail-us") { o.tail_ns = race_parse_size(next()) * 1000; tail_set = true; }
-		else usage();
+		else if (a == "--reuse-optional") o.reuse_optional = true;
+		else if (a == "--destroy-x") {
+			std::string w = next();
+			o.destroy_x = w == "before" ? 1 : w == "after" ? 2 : 0;
+			if (!o.destroy_x)
+				usage();
+		} else usage();
 	}
 	if (!have_pairing)
 		usage();
@@ -445,6 +470,9 @@ int main(int argc, char **argv)
 	}
 	if (o.long_blocks == 0 || o.iterations == 0)
 		usage();
+	if (o.destroy_x && (o.pr.async || o.pr.pinned || o.simulate || o.pr.y == SK_SAME ||
+	                    (o.pr.x != SK_NONBLOCKING && o.pr.x != SK_BLOCKING)))
+		race_fail("--destroy-x: X blocking or nonblocking, a synchronous free, Y not 'same'");
 
 	race_require_gpu();
 	bool emm = race_require_emm(o.allow_no_emm);
@@ -511,7 +539,7 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		/* A size at which the allocator never handed the freed block back
 		 * tested no reuse under a live kernel: a skipped case. */
-		if (r.reused > 0)
+		if (r.reused > 0 || o.reuse_optional)
 			emm_partial_ran(&part);
 		else
 			emm_partial_skip(&part, "size %zu: no iteration reused the freed block (%u new blocks)", sz,
