@@ -63,8 +63,17 @@ static int block_range(CUdeviceptr addr, CUdeviceptr *ret_base, size_t *ret_size
 	return found;
 }
 
+/* A query of a VMM buffer whose free libemm deferred sees what the driver
+ * would: the deferred calls made real first (process/vmm.c). */
+static inline void vmm_query(CUdeviceptr ptr)
+{
+	if (emm_vmm_mode() == EMM_VMM_MODE_CACHE)
+		emm_vmm_touch(ptr, 0, false, 0, false);
+}
+
 EMM_EXPORT CUresult CUDAAPI cuMemGetAddressRange_v2(CUdeviceptr *pbase, size_t *psize, CUdeviceptr dptr)
 {
+	vmm_query(dptr);
 	CUdeviceptr base, seg_base = 0;
 	size_t size, seg_size = 0;
 	int found;
@@ -113,6 +122,7 @@ static void fix_range_attribute(CUpointer_attribute attribute, void *data, CUdev
 
 EMM_EXPORT CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attribute, CUdeviceptr ptr)
 {
+	vmm_query(ptr);
 	CUresult r = CALL_REAL(cuPointerGetAttribute, data, attribute, ptr);
 	CUdeviceptr base;
 	size_t size;
@@ -136,6 +146,7 @@ EMM_EXPORT CUresult CUDAAPI cuPointerGetAttributes(unsigned int numAttributes,
 	size_t size;
 	CUresult r;
 
+	vmm_query(ptr);
 	if (!attributes || !data || !emm_state_enabled())
 		return CALL_REAL(cuPointerGetAttributes, numAttributes, attributes, data, ptr);
 	int found = block_range(ptr, &base, &size);

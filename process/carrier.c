@@ -192,6 +192,8 @@ static inline bool several_contexts(void)
 	return atomic_load_explicit(&several, memory_order_relaxed);
 }
 
+/* Called inside the heap guard (emm_serve_free): the heap found here lives
+ * until the caller leaves it. */
 emm_stream_t st_free_key(emm_addr_t addr, emm_stream_t key)
 {
 	struct emm_block_range range;
@@ -202,6 +204,8 @@ emm_stream_t st_free_key(emm_addr_t addr, emm_stream_t key)
 		return key;
 	if (emm_serve_find_block(addr, &range) != 0 || emm_state_heap_is_pinned(range.heap))
 		return key;
+	if (st_is_exiting())
+		return key; /* no driver call once exit began; nothing is reused now */
 	e = st_heap_entry(range.heap);
 	kctx = key_context(key);
 	if (!e || !kctx || kctx == e->ctx)

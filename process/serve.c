@@ -152,9 +152,9 @@ int emm_serve_free(const char *what, emm_addr_t addr, emm_stream_t key, const vo
 		return -ENOENT;
 	st_assert_unlocked("a free of a libemm block");
 	tls_failed_size = 0; /* memory may have come back */
+	st_enter();
 	if (!pinned)
 		key = st_free_key(addr, key); /* another context's stream: as cuMemFree */
-	st_enter();
 	/* Before the heap may hand it out again; the fill while the block is
 	 * still a region a memory checker knows (st_free_block removes
 	 * the region). Only device blocks are filled, so not at a pinned

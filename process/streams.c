@@ -355,7 +355,7 @@ static void stream_destroyed_in(emm_heap_t *heap, int device, void *arg)
 	(void)device;
 	/* A non-blocking stream's work runs on after the destroy, and no epoch
 	 * of its context's heaps records on it from now on: carried. */
-	if (d->nonblocking && d->ctx) {
+	if (d->nonblocking && d->ctx && !st_is_exiting()) {
 		struct ctx_entry *e = st_heap_entry(heap);
 		if (e && e->ctx == d->ctx)
 			st_carry_into(heap, e, d->key, d->ctx);

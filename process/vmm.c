@@ -327,6 +327,13 @@ void emm_vmm_map_done(CUdeviceptr va, size_t size, size_t offset, CUmemGenericAl
 		}
 	} else if (hd) {
 		hd->cacheable = false; /* mapped once: never its first mapping again */
+	} else {
+		/* Another thread's first mapping of this handle, done
+		 * meanwhile, made it a cached buffer at its own range: mapped
+		 * twice, it must never be reused. */
+		struct vbuf *o = vmm_handle_find(handle);
+		if (o && o->va != va)
+			o->nocache = true;
 	}
 	st_unlock(&vmm_lock);
 	free(v);
@@ -367,14 +374,20 @@ void emm_vmm_set_access_done(CUdeviceptr va, size_t size, const CUmemAccessDesc 
 	st_lock(&vmm_lock);
 	while ((v = vmm_va_next_overlap(va, size, &pos)) != NULL) {
 		/* The accesses the program gives the whole buffer, accumulated
-		 * over its calls, are what a reuse keeps mapped; a call for a
-		 * part of it, or more distinct descriptors than kept, keeps it
-		 * out of the cache. */
+		 * over its calls, are what a reuse keeps mapped: a later call
+		 * for a location replaces what an earlier one set there (a
+		 * buffer made read-only is not served to a request for
+		 * read-write); a call for a part of it, or more distinct
+		 * locations than kept, keeps it out of the cache. */
 		bool whole = v->va == va && v->size == size && count;
 		for (size_t i = 0; whole && i < count; i++) {
-			if (access_known(v, &desc[i]))
-				continue;
-			if (v->naccess == VMM_MAX_ACCESS)
+			unsigned k = 0;
+			while (k < v->naccess && (v->access[k].location.type != desc[i].location.type ||
+			                          v->access[k].location.id != desc[i].location.id))
+				k++;
+			if (k < v->naccess)
+				v->access[k].flags = desc[i].flags;
+			else if (v->naccess == VMM_MAX_ACCESS)
 				whole = false;
 			else
 				v->access[v->naccess++] = desc[i];

@@ -20,10 +20,15 @@
  *     an allocation on one (the driver's, on that stream's device);
  *   - a new non-blocking stream whose wait for the last legacy marker fails;
  *   - two epochs of one arena closing at once, the one that recorded first
- *     publishing last (the last legacy marker must not go back).
+ *     publishing last (the last legacy marker must not go back);
+ *   - the block's context destroyed while such a free carries (the destroy
+ *     waits for it), and such a free after exit began (no driver call:
+ *     mode "exit").
  */
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "emm_test.h"
@@ -195,6 +200,112 @@ TEST_BEGIN(test_free_on_another_contexts_stream)
 }
 TEST_END
 
+static CUcontext g_doomed;
+static CUstream g_x;
+static CUdeviceptr g_a;
+
+static void *free_on_x(void *arg)
+{
+	(void)arg;
+	return cuMemFreeAsync(g_a, g_x) == CUDA_SUCCESS ? NULL : (void *)1;
+}
+
+static double now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The block's context destroyed while a free on another context's stream
+ * carries that stream's work (the thread held in the carry's event
+ * create): the free runs inside the heap guard, so the destroy waits for
+ * it (EMM_TEARDOWN_WAIT, 200 ms here) instead of freeing the heap under it
+ * (a use after free, seen by the ASan pass). */
+TEST_BEGIN(test_context_destroyed_during_a_carry)
+{
+	CUdevice d0, d1;
+	CUcontext c1;
+	CUevent work;
+	pthread_t t;
+	void *ret = (void *)1;
+
+	assert_int_eq(cuDeviceGet(&d0, 0), CUDA_SUCCESS);
+	assert_int_eq(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
+	assert_int_eq(cuDevicePrimaryCtxRetain(&c1, d1), CUDA_SUCCESS);
+	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+	assert_int_eq(cuStreamCreate(&g_x, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	begin_work(&work, g_x); /* x busy: its work must be carried */
+	assert_int_eq(cuCtxCreate(&g_doomed, NULL, 0, d0), CUDA_SUCCESS);
+	assert_int_eq(cuMemAlloc(&g_a, BIG), CUDA_SUCCESS);
+	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+	assert_int_eq(fakecuda_hold_next_call("cuEventCreate"), 0);
+	assert_int_eq(pthread_create(&t, NULL, free_on_x, NULL), 0);
+	for (int ms = 0; !fakecuda_held_waiting() && ms < 5000; ms++)
+		usleep(1000);
+	assert_true(fakecuda_held_waiting());
+	double t0 = now_ms();
+	assert_int_eq(cuCtxDestroy(g_doomed), CUDA_SUCCESS);
+	expect_true(now_ms() - t0 >= 150); /* it waited for the free inside */
+	fakecuda_release_held();
+	assert_int_eq(pthread_join(t, &ret), 0);
+	expect_ptr_null(ret);
+	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+	fakecuda_set_event_delay(0);
+	fakecuda_complete_all();
+	assert_int_eq(cuEventDestroy(work), CUDA_SUCCESS);
+	assert_int_eq(cuStreamDestroy(g_x), CUDA_SUCCESS);
+	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
+	assert_int_eq(cuDevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
+}
+TEST_END
+
+/* "exit": a free on another context's stream after exit began (an atexit
+ * handler registered before the first CUDA call runs after libemm's)
+ * makes no driver call. */
+static const char *const fence_calls[] = {"cuStreamQuery", "cuEventCreate", "cuEventRecord", "cuStreamWaitEvent",
+                                          "cuStreamCreate", "cuCtxPushCurrent_v2"};
+
+static uint64_t fence_call_count(void)
+{
+	uint64_t n = 0;
+
+	for (size_t i = 0; i < sizeof(fence_calls) / sizeof(fence_calls[0]); i++)
+		n += fakecuda_calls(fence_calls[i]);
+	return n;
+}
+
+static void late_free(void)
+{
+	uint64_t before = fence_call_count();
+	CUresult r = cuMemFreeAsync(g_a, g_x);
+	uint64_t after = fence_call_count();
+
+	fprintf(stderr, "late cuMemFreeAsync: %d, driver calls %llu\n", (int)r, (unsigned long long)(after - before));
+	if (r != CUDA_SUCCESS || after != before)
+		_exit(1);
+}
+
+static int mode_exit(void)
+{
+	CUdevice d0, d1;
+	CUcontext c0, c1;
+	CUevent work;
+
+	if (cuDeviceGet(&d0, 0) || cuDeviceGet(&d1, 1) || cuDevicePrimaryCtxRetain(&c1, d1) ||
+	    cuCtxSetCurrent(c1) || cuStreamCreate(&g_x, CU_STREAM_NON_BLOCKING) ||
+	    cuEventCreate(&work, CU_EVENT_DISABLE_TIMING))
+		return 2;
+	fakecuda_set_event_delay(1000000);
+	if (cuEventRecord(work, g_x))
+		return 2;
+	fakecuda_set_event_delay(0);
+	if (cuDevicePrimaryCtxRetain(&c0, d0) || cuCtxSetCurrent(c0) || cuMemAlloc(&g_a, BIG))
+		return 2;
+	return 0; /* late_free runs at exit */
+}
+
 /* An allocation on a stream of another context comes from that stream's
  * device, as the driver makes it: libemm leaves it to the driver. */
 TEST_BEGIN(test_alloc_on_another_contexts_stream)
@@ -286,11 +397,17 @@ TEST_END
  * (the other two need a close at each free). */
 int main(int argc, char **argv)
 {
+	if (argc > 1 && strcmp(argv[1], "exit") == 0) {
+		atexit(late_free); /* before the first CUDA call */
+		shims_setup();
+		return mode_exit();
+	}
 	g_ctx = shims_setup();
 	if (argc > 1 && strcmp(argv[1], "open-epoch") == 0)
 		return emm_test_run(test_free_then_destroy, test_destroy_then_free,
 		                    test_free_on_another_contexts_stream, NULL);
 	return emm_test_run(test_free_then_destroy, test_destroy_then_free, test_uncarried_work_waits_once,
 	                    test_free_on_another_contexts_stream, test_alloc_on_another_contexts_stream,
-	                    test_new_stream_whose_wait_fails, test_overlapping_closes_keep_the_newer_marker, NULL);
+	                    test_context_destroyed_during_a_carry, test_new_stream_whose_wait_fails,
+	                    test_overlapping_closes_keep_the_newer_marker, NULL);
 }
