@@ -223,7 +223,9 @@ static CUresult ipc_open(ipc_open_fn real, CUdeviceptr *pdptr, CUipcMemHandle ha
 	if (got == -ENOENT)
 		return real(pdptr, handle, flags);
 	if (got < 0)
-		return got == -ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_ERROR_INVALID_VALUE;
+		return got == -ENOMEM ? CUDA_ERROR_OUT_OF_MEMORY
+		       : got == -ENXIO ? CUDA_ERROR_INVALID_CONTEXT
+		                       : CUDA_ERROR_INVALID_VALUE;
 	if (got == 0) {
 		r = real(&base, im.segment, flags);
 		if (r != CUDA_SUCCESS) {

@@ -100,7 +100,7 @@ static bool drop_one(st_ctx_match_fn match, const void *arg)
 	 * heaps are forgotten (the pointers are only compared). */
 	emm_capture_context_dropped(e->ctx, heaps, n);
 	/* Its IPC exports and imports went with its memory. */
-	st_ipc_context_dropped(e);
+	st_ipc_context_dropped(e->ctx, e);
 	/* e stays allocated: stale thread caches may still read it. */
 	return true;
 }
@@ -129,6 +129,15 @@ void emm_state_context_destroyed(CUcontext ctx)
 {
 	while (drop_one(match_ctx, ctx))
 		;
+	/* A context libemm never kept a heap for leaves streams, captures and
+	 * IPC mappings here too (a capture that stayed recorded would keep
+	 * every epoch from closing): forgotten as for one it had (a second
+	 * time is nothing). */
+	if (ctx && !st_is_exiting()) {
+		st_stream_remove_context(ctx);
+		emm_capture_context_dropped(ctx, NULL, 0);
+		st_ipc_context_dropped(ctx, NULL);
+	}
 	/* It may have been current here or elsewhere without an entry of
 	 * ours (a failed one, or none yet): every cache asks again. */
 	emm_state_current_changed(true);

@@ -82,9 +82,9 @@ static bool of_dropped(void *arg, const struct ipc_entry *e)
 	return false;
 }
 
-void st_ipc_context_dropped(struct ctx_entry *entry)
+void st_ipc_context_dropped(CUcontext ctx, struct ctx_entry *entry)
 {
-	struct dropped d = {.ctx = entry->ctx, .entry = entry};
+	struct dropped d = {.ctx = ctx, .entry = entry};
 	struct ipc_owner self;
 	size_t j = 0;
 

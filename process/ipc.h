@@ -50,7 +50,8 @@ int emm_ipc_export_done(const struct emm_ipc_export *ex, const CUipcMemHandle *s
  *                         driver's call with the same arguments. -EINVAL:
  *                         a libemm handle no exporter registered
  *                         (CUDA_ERROR_INVALID_VALUE, the driver's answer for
- *                         a handle it never made); -ENOMEM.
+ *                         a handle it never made); -ENXIO: no current context
+ *                         (CUDA_ERROR_INVALID_CONTEXT); -ENOMEM.
  *                         1: served: *ret_ptr (the segment is open here).
  *                         0: open im->segment with the driver, then
  *   emm_ipc_import_done   with the driver's mapping `base`: 0 and *ret_ptr

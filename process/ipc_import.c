@@ -95,6 +95,8 @@ int emm_ipc_import_begin(const CUipcMemHandle *handle, struct emm_ipc_import *im
 		return -ENOENT;
 	memcpy(&h, handle, sizeof(h));
 	im->ctx = current_context();
+	if (!im->ctx)
+		return -ENXIO; /* the driver's answer without a current context */
 	st_lock(&ipc_tables.lock);
 	self = ipc_self_locked();
 	/* The lookup records this process as an importer of the segment in

@@ -550,9 +550,10 @@ bool st_ipc_keep_segment(struct ctx_entry *entry, emm_addr_t base, size_t size);
 /* emm_release_idle: give back the retired segments of `device` (-1 all)
  * that nobody holds any more; the bytes. */
 size_t st_ipc_release_retired(int device);
-/* The context is gone: forget its exports, kept segments and imports (no
- * driver calls: its memory went with it). */
-void st_ipc_context_dropped(struct ctx_entry *entry);
+/* Context ctx is gone: forget its exports, kept segments and imports (no
+ * driver calls: its memory went with it). entry: its registry entry, NULL
+ * when libemm kept none (its imports only). */
+void st_ipc_context_dropped(CUcontext ctx, struct ctx_entry *entry);
 void st_ipc_fork_child(void);
 
 /* --- capture.c and quarantine.c: one idea in two files ------------------- */

@@ -422,6 +422,35 @@ TEST_BEGIN(test_context_destroyed_with_quarantine)
 }
 TEST_END
 
+/* A capture in a context libemm keeps no heap for, destroyed with the
+ * context while it runs: the capture goes with it, and epochs close again
+ * (a capture left recorded kept every free pending for good). */
+TEST_BEGIN(test_capture_gone_with_a_heapless_context)
+{
+	CUdevice dev;
+	CUcontext c2;
+	CUstream s;
+	CUdeviceptr d[64];
+	struct emm_stats a, b;
+
+	assert_int_eq(cuDeviceGet(&dev, 0), CUDA_SUCCESS);
+	assert_int_eq(cuCtxCreate(&c2, NULL, 0, dev), CUDA_SUCCESS);
+	assert_int_eq(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	assert_int_eq(cuStreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+	assert_int_eq(cuCtxDestroy(c2), CUDA_SUCCESS);
+	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
+	assert_int_eq(shims_stats(-1, &a), 0);
+	for (int round = 0; round < 3; round++) {
+		for (int i = 0; i < 64; i++)
+			assert_int_eq(cuMemAlloc(&d[i], SZ), CUDA_SUCCESS);
+		for (int i = 0; i < 64; i++)
+			assert_int_eq(cuMemFree(d[i]), CUDA_SUCCESS);
+	}
+	shims_stats_since(&a, &b);
+	expect_true(b.epochs_closed > 0);
+}
+TEST_END
+
 /* cudaDeviceReset resets the primary context without any shim call; the
  * runtime's next call retains it again (same handle, new context id). */
 TEST_BEGIN(test_hidden_reset_detected)
@@ -514,6 +543,7 @@ int main(void)
 	                    test_failed_capture_releases_at_once, test_stream_destroyed_while_capturing,
 	                    test_allocated_during_capture, test_derived_graphs,
 	                    test_overlapping_captures, test_context_destroyed_with_quarantine,
+	                    test_capture_gone_with_a_heapless_context,
 	                    test_hidden_reset_detected, test_hidden_reset_other_threads,
 	                    test_thread_beside_capture_frees_its_own, NULL);
 }

@@ -125,6 +125,16 @@ static void *open_close_loop(void *arg)
 	return NULL;
 }
 
+/* A thread with no current context opens an open handle: the driver's
+ * answer, CUDA_ERROR_INVALID_CONTEXT (not another context's mapping). */
+static void *open_without_context(void *arg)
+{
+	CUdeviceptr p = 0;
+
+	return (void *)(intptr_t)cuIpcOpenMemHandle(&p, *(const CUipcMemHandle *)arg,
+	                                            CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+}
+
 /* import N (HANDLE SIZE OFFSET SEED){N} */
 static int mode_import(int argc, char **argv)
 {
@@ -160,6 +170,11 @@ static int mode_import(int argc, char **argv)
 	/* The same handle again: the same pointer, one more reference. */
 	CHILD_CHECK(cuIpcOpenMemHandle(&again, h[0], CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS) == CUDA_SUCCESS);
 	CHILD_CHECK(again == p[0]);
+	pthread_t nc;
+	void *ncr = NULL;
+	CHILD_CHECK(pthread_create(&nc, NULL, open_without_context, &h[0]) == 0);
+	pthread_join(nc, &ncr);
+	CHILD_CHECK((intptr_t)ncr == CUDA_ERROR_INVALID_CONTEXT);
 	/* Four threads open and close block 3 at once (block 3 stays open). */
 	struct opener op[4];
 	pthread_t th[4];
