@@ -144,7 +144,8 @@ static const char *const vmm_names[] = {
 	  "the mapped bytes stay at their high-water mark")                                           \
 	X(FREE_MODE, free_mode, ENUM, U(EMM_OPT_FREE_FENCE), "", NAMES(free_mode_names),              \
 	  "When a block freed without a stream may be reused: fence (epoch events), "                 \
-	  "strict (device sync like cuMemFree), stream (at once, trusting stream order)")             \
+	  "strict (device sync like cuMemFree), stream (at once, trusting stream order; pinned "     \
+	  "blocks still wait for their fences)")                                                     \
 	X(EPOCH_BLOCKS, epoch_blocks, UINT, U(64), "frees", RANGE(1, 65536),                          \
 	  "Close the open free epoch after this many synchronous frees (half if an allocation "        \
 	  "needs its memory, twice once 8 threads' arenas hold memory; 8 if unset with EMM_BACKEND=vmm)") \

@@ -88,8 +88,11 @@ int emm_state_pinned_heap(unsigned int flags, emm_heap_t **ret_heap)
 	 * unless another thread's heap for the flag set got there first. */
 	st_heap_params(&params);
 	/* The program writes pinned blocks from the host: reuse only after
-	 * the free's fence events complete. */
+	 * the free's fence events complete, whatever EMM_FREE_MODE says
+	 * (stream order orders no host write; strict waits anyway). */
 	params.host_accessible = true;
+	if (params.free_mode == EMM_FREE_MODE_STREAM)
+		params.free_mode = EMM_FREE_MODE_FENCE;
 	src.state = &e->pinned_src[flags];
 	src.alloc = host_seg_alloc;
 	src.free = host_seg_free;

@@ -14,6 +14,7 @@
  *   passthrough  libemm must pass everything through (EMM_DISABLE=1)
  *   badbackend   EMM_BACKEND names no backend: a clear error, then as above
  *   strict       EMM_FREE_MODE=strict: frees wait like the driver's
+ *   stream       EMM_FREE_MODE=stream: pinned blocks still wait for fences
  *   trace        allocate and free a little (EMM_LOG set by the parent)
  */
 #include <errno.h>
@@ -974,6 +975,33 @@ static int mode_badbackend(void)
 	return bad | mode_passthrough();
 }
 
+/* EMM_FREE_MODE=stream: stream order orders no host write, so a pinned
+ * block whose free's fence is pending (work on a non-blocking stream) is
+ * not reused at once; a device block is. */
+static int mode_stream(void)
+{
+	CUstream s;
+	CUdeviceptr d, d2;
+	void *h, *h2;
+	int bad = 0;
+
+	shims_setup();
+	bad |= cuStreamCreate(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS;
+	bad |= cuMemAlloc(&d, 1 << 20) != CUDA_SUCCESS;
+	fakecuda_set_event_delay(1000000); /* nothing completes */
+	bad |= cuMemAllocHost(&h, 1 << 20) != CUDA_SUCCESS;
+	bad |= cuMemsetD8Async(d, 0, 1 << 20, s) != CUDA_SUCCESS; /* work in flight */
+	bad |= cuMemFreeHost(h) != CUDA_SUCCESS;
+	bad |= cuMemAllocHost(&h2, 1 << 20) != CUDA_SUCCESS;
+	fprintf(stderr, "stream: freed pinned %p, next %p\n", h, h2);
+	bad |= h2 == h;
+	bad |= cuMemFree(d) != CUDA_SUCCESS || cuMemAlloc(&d2, 1 << 20) != CUDA_SUCCESS || d2 != d;
+	fakecuda_set_event_delay(0);
+	fakecuda_complete_all();
+	bad |= cuMemFreeHost(h2) != CUDA_SUCCESS || cuMemFree(d2) != CUDA_SUCCESS;
+	return bad;
+}
+
 /* EMM_FREE_MODE=strict: a free waits for the device, like the driver's. */
 static int mode_strict(void)
 {
@@ -1013,6 +1041,8 @@ int main(int argc, char **argv)
 			return mode_badbackend();
 		if (!strcmp(argv[1], "strict"))
 			return mode_strict();
+		if (!strcmp(argv[1], "stream"))
+			return mode_stream();
 		if (!strcmp(argv[1], "trace"))
 			return mode_trace();
 		fprintf(stderr, "unknown mode %s\n", argv[1]);
