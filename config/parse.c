@@ -120,13 +120,14 @@ static const struct {
     {"VTALRM", SIGVTALRM}, {"PROF", SIGPROF}, {"WINCH", SIGWINCH}, {"IO", SIGIO}, {"PWR", SIGPWR},
 };
 
-/* Signals a dump may not take: uncatchable, or faults a handler must not
- * swallow. */
+/* Signals a dump may not take: uncatchable, faults a handler must not
+ * swallow, or the real-time signals below SIGRTMIN, which the C library
+ * keeps for itself (sigaction refuses them). */
 static bool signal_allowed(unsigned sig)
 {
 	return sig >= 1 && sig < (unsigned)NSIG && sig != SIGKILL && sig != SIGSTOP && sig != SIGSEGV &&
 	       sig != SIGBUS && sig != SIGFPE && sig != SIGILL && sig != SIGABRT && sig != SIGTRAP &&
-	       sig != SIGCHLD;
+	       sig != SIGCHLD && (sig < 32 || sig >= (unsigned)SIGRTMIN);
 }
 
 int emm_parse_signal(const char *s, unsigned *ret)

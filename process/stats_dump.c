@@ -155,8 +155,11 @@ void st_stats_signal_setup(void)
 	if (!o->stats_signal)
 		return;
 	emm_format_signal(o->stats_signal, name, sizeof(name));
-	if (sigaction((int)o->stats_signal, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) &&
-	    old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
+	if (sigaction((int)o->stats_signal, NULL, &old) < 0) {
+		emm_warn("EMM_STATS_SIGNAL: cannot handle %s: %s", name, strerror(errno));
+		return;
+	}
+	if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler != SIG_DFL && old.sa_handler != SIG_IGN) {
 		emm_warn("EMM_STATS_SIGNAL: the program handles %s itself: no statistics on it", name);
 		return;
 	}
@@ -180,7 +183,8 @@ void st_stats_signal_setup(void)
 	}
 	sig_number = o->stats_signal;
 	if (o->verbose >= 1)
-		emm_info("statistics on %s (kill -%s %ld)", name, name + 3, (long)getpid());
+		emm_info("statistics on %s (kill -%s %ld)", name, strncmp(name, "SIG", 3) == 0 ? name + 3 : name,
+		         (long)getpid());
 }
 
 void st_stats_signal_fork_child(void)
