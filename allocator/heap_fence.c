@@ -198,14 +198,15 @@ bool emm_heap_is_nonblocking(const struct arena *h, emm_stream_t s)
 	return false;
 }
 
-void emm_heap_nb_remove(struct arena *h, emm_stream_t s)
+bool emm_heap_nb_remove(struct arena *h, emm_stream_t s)
 {
 	for (unsigned j = 0; j < h->nb_count; j++) {
 		if (h->nb[j] == s) {
 			h->nb[j] = h->nb[--h->nb_count];
-			return;
+			return true;
 		}
 	}
+	return false;
 }
 
 /* The stream an event must be recorded on to order work of stream key s:
@@ -593,33 +594,4 @@ int emm_heap_resolve_orphans(struct arena *h)
 	}
 	fence_put(h, f);
 	return r;
-}
-
-/* --- in-flight ops naming streams ----------------------------------------- */
-
-unsigned emm_heap_inflight_enter(struct arena *h)
-{
-	unsigned phase = h->inflight_phase;
-	h->inflight[phase]++;
-	return phase;
-}
-
-void emm_heap_inflight_leave(struct arena *h, unsigned phase)
-{
-	if (--h->inflight[phase] == 0 && h->inflight_waiters)
-		emm_arena_wake(h);
-}
-
-/* Wait until every op that started before now has left (lock held,
- * dropped while waiting: emm_arena_wait). Ops starting meanwhile count
- * in the other phase, so a steady stream of them cannot starve the wait. */
-void emm_heap_inflight_quiesce(struct arena *h)
-{
-	unsigned phase = h->inflight_phase;
-
-	h->inflight_phase ^= 1u;
-	h->inflight_waiters++;
-	while (h->inflight[phase])
-		emm_arena_wait(h);
-	h->inflight_waiters--;
 }

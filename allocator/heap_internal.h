@@ -506,14 +506,14 @@ bool emm_heap_pending_wait(struct arena *h, unsigned pool, size_t rounded, emm_s
 void emm_heap_oom_recover(struct arena *h);
 void emm_heap_oom_recover_others(struct arena *h);
 
-/* --- heap_fence.c: fences, epochs, orphans; heap_stream.c: streams ------- */
+/* --- heap_fence.c: fences, epochs, orphans; heap_stream.c: streams, in flight */
 
 struct emm_fence *emm_heap_fence_new(struct arena *h);
 /* Move every pending block of `from` to fence `to`. */
 void emm_heap_fence_move(struct arena *h, struct emm_fence *from, struct emm_fence *to);
 bool emm_heap_is_nonblocking(const struct arena *h, emm_stream_t s);
-/* s leaves h's non-blocking streams (if it was one). Lock held. */
-void emm_heap_nb_remove(struct arena *h, emm_stream_t s);
+/* s leaves h's non-blocking streams: whether it was one. Lock held. */
+bool emm_heap_nb_remove(struct arena *h, emm_stream_t s);
 /* Ops that name a stream with the lock dropped: enter/leave around them
  * (lock held at both); quiesce waits for those already started. */
 unsigned emm_heap_inflight_enter(struct arena *h);

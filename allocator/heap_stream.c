@@ -2,11 +2,13 @@
 /*
  * allocator/heap_stream.c - what the heap does across streams: stealing
  * another stream's ready block for an allocation (a marker on the owner,
- * a GPU-side wait on the allocating stream), and the stream lifecycle
+ * a GPU-side wait on the allocating stream), the stream lifecycle
  * (non-blocking streams created and destroyed, the blocks of a destroyed
- * stream fenced or orphaned). Fence ops run with the arena lock dropped
- * (heap_internal.h); the emm_heap_stream_* entry points take each arena's
- * lock, emm_heap_try_steal expects it held.
+ * stream fenced or orphaned, work carried in from streams no epoch records
+ * on), and counting the ops that name a stream with the lock dropped (so
+ * that a destroy can wait for them). Fence ops run with the arena lock
+ * dropped (heap_internal.h); the emm_heap_stream_* entry points take each
+ * arena's lock, emm_heap_try_steal expects it held.
  */
 #include "allocator/heap_internal.h"
 
@@ -215,13 +217,39 @@ void emm_heap_stream_destroyed(emm_heap_t *heap, emm_stream_t stream)
 		return;
 	for (unsigned i = 0; i < heap->narenas; i++) {
 		struct arena *h = heap->arenas[i];
-		bool was_nb = false;
-
 		arena_lock(h);
-		was_nb = emm_heap_is_nonblocking(h, stream);
-		emm_heap_nb_remove(h, stream);
+		bool was_nb = emm_heap_nb_remove(h, stream);
 		emm_heap_inflight_quiesce(h);
 		emm_heap_fence_key(h, stream, stream, h->orphans[was_nb ? 1 : 0]);
 		arena_unlock_release(h);
 	}
+}
+
+/* --- in-flight ops naming streams ----------------------------------------- */
+
+unsigned emm_heap_inflight_enter(struct arena *h)
+{
+	unsigned phase = h->inflight_phase;
+	h->inflight[phase]++;
+	return phase;
+}
+
+void emm_heap_inflight_leave(struct arena *h, unsigned phase)
+{
+	if (--h->inflight[phase] == 0 && h->inflight_waiters)
+		emm_arena_wake(h);
+}
+
+/* Wait until every op that started before now has left (lock held,
+ * dropped while waiting: emm_arena_wait). Ops starting meanwhile count
+ * in the other phase, so a steady stream of them cannot starve the wait. */
+void emm_heap_inflight_quiesce(struct arena *h)
+{
+	unsigned phase = h->inflight_phase;
+
+	h->inflight_phase ^= 1u;
+	h->inflight_waiters++;
+	while (h->inflight[phase])
+		emm_arena_wait(h);
+	h->inflight_waiters--;
 }
