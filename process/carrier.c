@@ -31,6 +31,7 @@
 
 #include "common/log.h"
 #include "process/process.h"
+#include "process/carrier.h"
 #include "process/process_internal.h"
 
 /* e's carrier, made now if needed; NULL when it cannot be made. */
@@ -58,24 +59,6 @@ static CUstream carrier_of(struct ctx_entry *e)
 	return s;
 }
 
-/* Has all work enqueued on stream `key` (of context kctx) completed? One
- * cuStreamQuery, through the capture gate. */
-static bool stream_idle(emm_stream_t key, CUcontext kctx)
-{
-	const struct emm_real_driver_table *real = st_real_table();
-	unsigned phase;
-	CUresult r;
-	bool pushed;
-
-	if (!real->cuStreamQuery || !st_capture_gate_enter(key, &phase))
-		return false;
-	pushed = kctx && !EMM_STREAM_IS_HANDLE(key) ? st_push_ctx(kctx) : false;
-	r = real->cuStreamQuery(emm_state_stream_handle(key));
-	st_pop_ctx(pushed);
-	st_capture_gate_leave(phase);
-	return r == CUDA_SUCCESS;
-}
-
 /* Make e's carrier wait for all work enqueued so far on stream `key` of
  * context kctx (NULL: the current one): a marker recorded there, waited
  * for on the GPU. 0 and the carrier's key; 1 when the stream is idle
@@ -90,7 +73,9 @@ static int carry(struct ctx_entry *e, emm_stream_t key, CUcontext kctx, emm_stre
 	CUresult r;
 	bool pushed;
 
-	if (stream_idle(key, kctx))
+	/* Idle already (the fence op's one cuStreamQuery, through the capture
+	 * gate; a legacy or per-thread key is not asked): its work is done. */
+	if (e->fence.stream_idle && e->fence.stream_idle(e->fence.ctx, key) == 0)
 		return 1;
 	if (!real->cuEventCreate || !real->cuEventRecord || !real->cuStreamWaitEvent || !real->cuEventDestroy_v2)
 		return -ENOSYS;

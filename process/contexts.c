@@ -71,6 +71,7 @@
 #include "common/compiler.h"
 #include "common/log.h"
 #include "process/annotate.h"
+#include "process/carrier.h"
 #include "process/process_internal.h"
 #include "process/process.h"
 

@@ -499,25 +499,6 @@ void st_streams_fork_child(void);
  * (only the first `cap` are written). */
 size_t st_stream_nonblocking_keys(CUcontext ctx, emm_stream_t *keys, size_t cap);
 
-/* --- carrier.c: work no epoch records on, carried into one that does ----- */
-
-/* Carry the work enqueued so far on stream `key` (of context kctx, NULL:
- * the current one) into `heap` of entry e: e's carrier waits for it and
- * joins the heap's non-blocking streams; if that cannot be done, the heap
- * parks what it closes until a device synchronize. */
-void st_carry_into(emm_heap_t *heap, struct ctx_entry *e, emm_stream_t key, CUcontext kctx);
-/* The key a stream-ordered free of our block addr goes by: `key`, or, on a
- * stream of another context than the block's heap, EMM_STREAM_SYNC after
- * that stream's work was carried into the heap. */
-emm_stream_t st_free_key(emm_addr_t addr, emm_stream_t key);
-/* Is `key` a stream of another context than the current one? (Such an
- * allocation is the driver's: it comes from the stream's device.) */
-bool st_stream_foreign(emm_stream_t key);
-/* A context libemm keeps something of (an entry, a registered stream):
- * from the second one on, the two questions above are asked. */
-void st_note_context(CUcontext ctx);
-void st_carrier_fork_child(void);
-
 /* --- vmm.c, vmm_idle.c: the VMM cache ------------------------------------ */
 
 /* Idle cached VMM bytes of `device` (-1 all). */

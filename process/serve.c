@@ -37,6 +37,7 @@
 #include "process/block_free.h"
 #include "process/poison.h"
 #include "process/process.h"
+#include "process/carrier.h"
 #include "process/process_internal.h"
 
 static void trace(enum emm_trace_action action, emm_addr_t addr, size_t size, const void *stream,

@@ -48,6 +48,7 @@
 #include "config/options.h"
 #include "emm/emm_version.h"
 #include "process/annotate.h"
+#include "process/carrier.h"
 #include "process/process_internal.h"
 
 #define MAX_ATEXIT 16 /* registrations of state_atexit (see above) */

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "common/compiler.h"
+#include "process/carrier.h"
 #include "process/process_internal.h"
 #include "process/process.h"
 
