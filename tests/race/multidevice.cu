@@ -368,6 +368,24 @@ static void part_pools(unsigned nblocks)
 
 /* ---- 2. peer copies ------------------------------------------------------------------------ */
 
+/* Let kernels on dev read and write peer's memory (dev becomes current):
+ * false when the hardware does not allow it. */
+static bool enable_peer(int dev, int peer)
+{
+	int can = 0;
+
+	CK(cudaDeviceCanAccessPeer(&can, dev, peer));
+	if (!can)
+		return false;
+	CK(cudaSetDevice(dev));
+	cudaError_t pe = cudaDeviceEnablePeerAccess(peer, 0);
+	if (pe == cudaErrorPeerAccessAlreadyEnabled)
+		(void)cudaGetLastError();
+	else
+		CK(pe);
+	return true;
+}
+
 static void part_peer(void)
 {
 	static const size_t sizes[] = {12 * 1024 + 4, 4u << 20};
@@ -415,15 +433,7 @@ static void part_peer(void)
 			expect_pattern("cudaMemcpyPeerAsync", d, src, n, Q);
 
 			/* a kernel on e reads d's block directly */
-			int can = 0;
-			CK(cudaDeviceCanAccessPeer(&can, e, d));
-			if (can) {
-				CK(cudaSetDevice(e));
-				cudaError_t pe = cudaDeviceEnablePeerAccess(d, 0);
-				if (pe == cudaErrorPeerAccessAlreadyEnabled)
-					(void)cudaGetLastError();
-				else
-					CK(pe);
+			if (enable_peer(e, d)) {
 				CK(cudaMemsetAsync(dst, 0, sz, g_dev[e].s[0]));
 				md_copy<<<grid_for(n), 256, 0, g_dev[e].s[0]>>>(dst, src, n);
 				CK_LAUNCH();
@@ -694,19 +704,11 @@ static void part_race(const race_opts &o, double min_window, bool foreign)
 	for (int own = 0; own < g_ndev; own++) {
 		int freer = (own + 1) % g_ndev;
 		if (foreign) {
-			int can = 0;
-			CK(cudaDeviceCanAccessPeer(&can, freer, own));
-			if (!can) {
+			if (!enable_peer(freer, own)) {
 				emm_partial_skip(&g_part, "race on another device's stream: device %d cannot access "
 				                 "device %d", freer, own);
 				return;
 			}
-			CK(cudaSetDevice(freer));
-			cudaError_t pe = cudaDeviceEnablePeerAccess(own, 0);
-			if (pe == cudaErrorPeerAccessAlreadyEnabled)
-				(void)cudaGetLastError();
-			else
-				CK(pe);
 		}
 		for (int d = 0; d < g_ndev; d++) {
 			CK(cudaSetDevice(d));

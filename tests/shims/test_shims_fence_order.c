@@ -128,20 +128,41 @@ TEST_BEGIN(test_destroy_then_free)
 }
 TEST_END
 
+/* A stream of device 1's primary context (retained), which is current
+ * on return. */
+static void device1_stream(unsigned flags, CUcontext *c1, CUstream *x)
+{
+	CUdevice d1;
+
+	assert_int_eq(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
+	assert_int_eq(cuDevicePrimaryCtxRetain(c1, d1), CUDA_SUCCESS);
+	assert_int_eq(cuCtxSetCurrent(*c1), CUDA_SUCCESS);
+	assert_int_eq(cuStreamCreate(x, flags), CUDA_SUCCESS);
+}
+
+/* Its end: x destroyed, device 1's primary context released, g_ctx
+ * current again. */
+static void device1_done(CUcontext c1, CUstream x)
+{
+	CUdevice d1;
+
+	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
+	assert_int_eq(cuStreamDestroy(x), CUDA_SUCCESS);
+	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
+	assert_int_eq(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
+	assert_int_eq(cuDevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
+}
+
 /* Device 0's block freed on a stream of device 1's context (peer access),
  * blocking or not, from either context. */
 static void foreign_stream_case(unsigned flags, bool from_device1)
 {
-	CUdevice d1;
 	CUcontext c1;
 	CUstream x;
 	CUevent work;
 	CUdeviceptr a;
 
-	assert_int_eq(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
-	assert_int_eq(cuDevicePrimaryCtxRetain(&c1, d1), CUDA_SUCCESS);
-	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
-	assert_int_eq(cuStreamCreate(&x, flags), CUDA_SUCCESS);
+	device1_stream(flags, &c1, &x);
 	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&a, BIG), CUDA_SUCCESS);
 	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
@@ -152,10 +173,7 @@ static void foreign_stream_case(unsigned flags, bool from_device1)
 	assert_int_eq(cuMemFreeAsync(a, x), CUDA_SUCCESS);
 	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
 	expect_safe_reuse(a, work);
-	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
-	assert_int_eq(cuStreamDestroy(x), CUDA_SUCCESS);
-	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
-	assert_int_eq(cuDevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
+	device1_done(c1, x);
 }
 
 /* The destroyed stream's work cannot be carried (the carrier's wait is
@@ -225,17 +243,14 @@ static double now_ms(void)
  * (a use after free, seen by the ASan pass). */
 TEST_BEGIN(test_context_destroyed_during_a_carry)
 {
-	CUdevice d0, d1;
+	CUdevice d0;
 	CUcontext c1;
 	CUevent work;
 	pthread_t t;
 	void *ret = (void *)1;
 
 	assert_int_eq(cuDeviceGet(&d0, 0), CUDA_SUCCESS);
-	assert_int_eq(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
-	assert_int_eq(cuDevicePrimaryCtxRetain(&c1, d1), CUDA_SUCCESS);
-	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
-	assert_int_eq(cuStreamCreate(&g_x, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	device1_stream(CU_STREAM_NON_BLOCKING, &c1, &g_x);
 	begin_work(&work, g_x); /* x busy: its work must be carried */
 	assert_int_eq(cuCtxCreate(&g_doomed, NULL, 0, d0), CUDA_SUCCESS);
 	assert_int_eq(cuMemAlloc(&g_a, BIG), CUDA_SUCCESS);
@@ -255,9 +270,7 @@ TEST_BEGIN(test_context_destroyed_during_a_carry)
 	fakecuda_set_event_delay(0);
 	fakecuda_complete_all();
 	assert_int_eq(cuEventDestroy(work), CUDA_SUCCESS);
-	assert_int_eq(cuStreamDestroy(g_x), CUDA_SUCCESS);
-	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
-	assert_int_eq(cuDevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
+	device1_done(c1, g_x);
 }
 TEST_END
 
@@ -310,26 +323,19 @@ static int mode_exit(void)
  * device, as the driver makes it: libemm leaves it to the driver. */
 TEST_BEGIN(test_alloc_on_another_contexts_stream)
 {
-	CUdevice d1;
 	CUcontext c1;
 	CUstream x;
 	CUdeviceptr p;
 	int ordinal = -1;
 
-	assert_int_eq(cuDeviceGet(&d1, 1), CUDA_SUCCESS);
-	assert_int_eq(cuDevicePrimaryCtxRetain(&c1, d1), CUDA_SUCCESS);
-	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
-	assert_int_eq(cuStreamCreate(&x, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+	device1_stream(CU_STREAM_NON_BLOCKING, &c1, &x);
 	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
 	assert_int_eq(cuMemAllocAsync(&p, 4096, x), CUDA_SUCCESS);
 	expect_int_eq(cuPointerGetAttribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, p), CUDA_SUCCESS);
 	expect_int_eq(ordinal, 1);
 	assert_int_eq(cuMemFreeAsync(p, x), CUDA_SUCCESS);
 	assert_int_eq(cuStreamSynchronize(x), CUDA_SUCCESS);
-	assert_int_eq(cuCtxSetCurrent(c1), CUDA_SUCCESS);
-	assert_int_eq(cuStreamDestroy(x), CUDA_SUCCESS);
-	assert_int_eq(cuCtxSetCurrent(g_ctx), CUDA_SUCCESS);
-	assert_int_eq(cuDevicePrimaryCtxRelease(d1), CUDA_SUCCESS);
+	device1_done(c1, x);
 }
 TEST_END
 
